@@ -1,0 +1,39 @@
+# The two commands of the README, and what they need. Every target is
+# idempotent: on a fresh machine it installs what is missing, afterwards it
+# only rebuilds what changed.
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+BUILD_DIR := build/cmake
+# Pinned tools of the project's own environment (torch must stay pinned: an
+# unpinned torch pulls a multi-GB CUDA build).
+PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
+
+.PHONY: conformance test build setup system-packages
+
+## Main job: run the reference backend and print its device table.
+conformance: build
+	$(PYTHON) -m openreg
+
+## All of the project's tests: the runtime's GoogleTest suite and pytest.
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure
+	$(PYTHON) -m pytest tests -n 2 -q
+
+## Build and install (editable) into the virtual environment.
+build: setup
+	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test]"
+
+setup: system-packages $(VENV)/.pip-stamp
+
+$(VENV)/.pip-stamp: pyproject.toml Makefile
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet $(PIP_PACKAGES)
+	touch $@
+
+system-packages:
+	@if ! dpkg -s libgtest-dev cmake >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libgtest-dev cmake g++; \
+	fi

@@ -1,0 +1,133 @@
+// privateuse1_conformance.conformance._cxx: direct access to the C++ contract
+// surface of whatever PrivateUse1 backend is loaded in this process. Nothing
+// here knows a particular backend: it reaches the backend only through
+// PyTorch's registries (at::detail::getPrivateUse1Hooks() and
+// c10::impl::getDeviceGuardImpl(PrivateUse1)).
+#include <ATen/Context.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <limits>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+
+// Python ints reach the C++ API as DeviceIndex (int8_t): refuse values that
+// would silently wrap instead of probing something else than asked.
+c10::DeviceIndex narrow(int64_t index) {
+  TORCH_CHECK_VALUE(index >= std::numeric_limits<c10::DeviceIndex>::min() &&
+                        index <= std::numeric_limits<c10::DeviceIndex>::max(),
+                    "device index ", index, " does not fit c10::DeviceIndex (int8)");
+  return static_cast<c10::DeviceIndex>(index);
+}
+
+const at::PrivateUse1HooksInterface& hooks() {
+  return at::detail::getPrivateUse1Hooks();
+}
+
+const c10::impl::DeviceGuardImplInterface& guard() {
+  return *c10::impl::getDeviceGuardImpl(kType);
+}
+
+py::object wrap(const at::Generator& generator) {
+  return py::reinterpret_steal<py::object>(THPGenerator_Wrap(generator));
+}
+
+py::tuple device_tuple(const c10::Device& device) {
+  return py::make_tuple(c10::DeviceTypeName(device.type(), /*lower_case=*/true),
+                        static_cast<int>(device.index()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cxx, m) {
+  m.doc() = "Direct calls into the PrivateUse1 hooks and device guard";
+
+  // ------------------------------------------------------------- hooks
+  m.def("hooks_registered", [] { return at::isPrivateUse1HooksRegistered(); });
+  m.def("hooks_is_built", [] { return hooks().isBuilt(); });
+  m.def("hooks_is_available", [] { return hooks().isAvailable(); });
+  m.def("hooks_has_primary_context",
+        [](int64_t i) { return hooks().hasPrimaryContext(narrow(i)); });
+  m.def("hooks_device_count", [] { return static_cast<int>(hooks().deviceCount()); });
+  m.def("hooks_get_current_device",
+        [] { return static_cast<int>(hooks().getCurrentDevice()); });
+  m.def("hooks_set_current_device",
+        [](int64_t i) { hooks().setCurrentDevice(narrow(i)); });
+  m.def("hooks_exchange_device",
+        [](int64_t i) { return static_cast<int>(hooks().exchangeDevice(narrow(i))); });
+  m.def("hooks_maybe_exchange_device", [](int64_t i) {
+    return static_cast<int>(hooks().maybeExchangeDevice(narrow(i)));
+  });
+  m.def("hooks_default_generator",
+        [](int64_t i) { return wrap(hooks().getDefaultGenerator(narrow(i))); });
+  m.def("hooks_default_generator_address", [](int64_t i) {
+    return reinterpret_cast<uintptr_t>(
+        hooks().getDefaultGenerator(narrow(i)).unsafeGetGeneratorImpl());
+  });
+  m.def("hooks_new_generator",
+        [](int64_t i) { return wrap(hooks().getNewGenerator(narrow(i))); });
+  m.def("hooks_get_device_from_ptr", [](uintptr_t ptr) {
+    return device_tuple(hooks().getDeviceFromPtr(reinterpret_cast<void*>(ptr)));
+  });
+  m.def("hooks_is_pinned_ptr", [](uintptr_t ptr) {
+    return hooks().isPinnedPtr(reinterpret_cast<const void*>(ptr));
+  });
+  // Allocates through the hooks' pinned allocator and reports what the
+  // hooks say about the block (base and an interior pointer).
+  m.def("hooks_pinned_roundtrip", [](int64_t nbytes) {
+    at::Allocator* allocator = hooks().getPinnedMemoryAllocator();
+    TORCH_CHECK(allocator != nullptr, "getPinnedMemoryAllocator returned null");
+    c10::DataPtr block = allocator->allocate(static_cast<size_t>(nbytes));
+    auto* base = static_cast<char*>(block.get());
+    const bool base_pinned = hooks().isPinnedPtr(base);
+    const bool interior_pinned = nbytes > 1 ? hooks().isPinnedPtr(base + nbytes / 2) : base_pinned;
+    return py::make_tuple(base_pinned, interior_pinned,
+                          c10::DeviceTypeName(block.device().type(), true));
+  });
+  m.def("hooks_resize_bytes", [](const c10::Storage& storage, int64_t nbytes) {
+    hooks().resizePrivateUse1Bytes(storage, static_cast<size_t>(nbytes));
+  });
+  // Through at::globalContext(), the way ATen itself reaches the hooks.
+  m.def("context_lazy_init", [] { at::globalContext().lazyInitDevice(kType); });
+  m.def("context_is_pinned_ptr", [](uintptr_t ptr) {
+    return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(ptr), kType);
+  });
+  m.def("context_get_device_from_ptr", [](uintptr_t ptr) {
+    return device_tuple(at::globalContext().getDeviceFromPtr(reinterpret_cast<void*>(ptr), kType));
+  });
+
+  // ------------------------------------------------------------- guard
+  m.def("guard_registered", [] { return c10::impl::hasDeviceGuardImpl(kType); });
+  m.def("guard_type", [] {
+    return c10::DeviceTypeName(guard().type(), /*lower_case=*/true);
+  });
+  m.def("guard_device_count", [] { return static_cast<int>(guard().deviceCount()); });
+  m.def("guard_get_device", [] { return device_tuple(guard().getDevice()); });
+  m.def("guard_set_device", [](int64_t i) { guard().setDevice(c10::Device(kType, narrow(i))); });
+  m.def("guard_exchange_device", [](int64_t i) {
+    return device_tuple(guard().exchangeDevice(c10::Device(kType, narrow(i))));
+  });
+  m.def("guard_unchecked_set_device",
+        [](int64_t i) { guard().uncheckedSetDevice(c10::Device(kType, narrow(i))); });
+  // Passing a CPU device must be rejected by every Device-taking method.
+  m.def("guard_set_device_of_type", [](const std::string& type, int64_t i) {
+    guard().setDevice(c10::Device(c10::Device(type).type(), narrow(i)));
+  });
+  m.def("guard_exchange_device_of_type", [](const std::string& type, int64_t i) {
+    return device_tuple(guard().exchangeDevice(c10::Device(c10::Device(type).type(), narrow(i))));
+  });
+  m.def("guard_get_stream_of_type", [](const std::string& type, int64_t i) {
+    const c10::Stream s = guard().getStream(c10::Device(c10::Device(type).type(), narrow(i)));
+    return py::make_tuple(s.id(), static_cast<int>(s.device_index()));
+  });
+  m.def("guard_synchronize_device", [](int64_t i) {
+    py::gil_scoped_release no_gil;
+    guard().synchronizeDevice(narrow(i));
+  });
+}

@@ -1,0 +1,321 @@
+// The CPU fallback: any ATen operator without an OpenReg kernel runs as a
+// device kernel that calls PyTorch's CPU kernel on aliases of the device
+// tensors (see DeviceKernel.h), on the current stream of the tensors' device.
+//
+// * Random operators draw from the device's generator: a missing generator
+//   argument becomes the device's default generator (its CPU state).
+// * Results that alias an input (views, in-place and out= results) alias the
+//   device storage; fresh results are moved to the device.
+// * out= arguments that must grow are grown on the device first (the needed
+//   size comes from the operator's Meta kernel).
+// * Mixing devices, or non-scalar CPU tensors with device tensors, is an
+//   error naming both devices, as on CUDA. Operators without a CPU kernel
+//   fail with an error naming the operator and the device.
+// The fallback is synchronous: it waits for its kernel, because it must know
+// the results' shapes to build them.
+#include "DeviceKernel.h"
+#include "DeviceManagement.h"
+#include "Exception.h"
+#include "Generator.h"
+#include "Stream.h"
+#include "Allocator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <sstream>
+#include <unordered_set>
+
+namespace openreg {
+
+namespace {
+
+bool on_openreg(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+template <typename Fn>
+void for_each_tensor(const c10::IValue& value, Fn fn) {
+  if (value.isTensor()) {
+    fn(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) fn(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      if (element.isTensor()) fn(element.toTensor());
+    }
+  }
+}
+
+bool is_optional_generator(const c10::Argument& argument) {
+  const auto& type = argument.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (type->kind() != c10::TypeKind::OptionalType) return false;
+  return type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+      c10::TypeKind::GeneratorType;
+}
+
+bool writes(const c10::Argument& argument) {
+  return argument.alias_info() && argument.alias_info()->isWrite();
+}
+
+// Operators whose CUDA kernels accept CPU index tensors next to device tensors.
+bool accepts_cpu_indices(const c10::OperatorName& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::index_put"};
+  return ops.count(name.name) != 0;
+}
+
+std::string describe(const c10::Device& device) {
+  std::ostringstream out;
+  out << device;
+  return out.str();
+}
+
+// Finds the one OpenReg device the operator runs on, and rejects mixtures.
+c10::DeviceIndex find_device(const c10::FunctionSchema& schema,
+                             c10::ArrayRef<c10::IValue> args) {
+  c10::DeviceIndex device = -1;
+  std::string cpu_argument;
+  const bool cpu_indices_ok = accepts_cpu_indices(schema.operator_name());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& name = schema.arguments()[i].name();
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (on_openreg(t)) {
+        const auto index = t.device().index();
+        TORCH_CHECK(device == -1 || device == index,
+                    "Expected all tensors to be on the same device, but found at "
+                    "least two devices, openreg:", static_cast<int>(device),
+                    " and openreg:", static_cast<int>(index),
+                    "! (when checking argument '", name, "' of ", schema.name(), ")");
+        device = index;
+      } else if (t.is_cpu()) {
+        if (t.dim() > 0 && !cpu_indices_ok && cpu_argument.empty()) cpu_argument = name;
+      } else {
+        TORCH_CHECK(false, "OpenReg: ", schema.name(), " got argument '", name,
+                    "' on ", describe(t.device()),
+                    "; only OpenReg and CPU tensors can be mixed");
+      }
+    });
+    if (args[i].isDevice() && device == -1) {
+      const c10::Device d = args[i].toDevice();
+      if (d.type() == c10::DeviceType::PrivateUse1) {
+        device = d.has_index() ? d.index() : current_device();
+      }
+    }
+  }
+  TORCH_CHECK(device != -1, "OpenReg: ", schema.name(), " was dispatched to "
+              "OpenReg without any OpenReg tensor or device argument");
+  check_device_index(device, "device");
+  TORCH_CHECK(cpu_argument.empty(),
+              "Expected all tensors to be on the same device, but found at least "
+              "two devices, openreg:", static_cast<int>(device), " and cpu! (when "
+              "checking argument '", cpu_argument, "' of ", schema.name(), ")");
+  return device;
+}
+
+// Builds the meta counterpart of an argument, for shape inference.
+c10::IValue to_meta(const c10::IValue& value) {
+  auto meta = [](const at::Tensor& t) -> at::Tensor {
+    if (!on_openreg(t)) return t;
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  };
+  if (value.isTensor()) return meta(value.toTensor());
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) list.push_back(meta(t));
+    return list;
+  }
+  if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return c10::Device(c10::kMeta);
+  }
+  return value;
+}
+
+// Grows out= arguments on the device so that the CPU kernel finds them big
+// enough (alias storages cannot grow). No-op if Meta cannot tell.
+void grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto& arguments = op.schema().arguments();
+  bool has_out = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    has_out |= writes(arguments[i]) && arguments[i].kwarg_only() && args[i].isTensor();
+  }
+  if (!has_out || !op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) return;
+  torch::jit::Stack meta_stack;
+  for (size_t i = 0; i < args.size(); ++i) {
+    meta_stack.push_back(is_optional_generator(arguments[i]) ? c10::IValue() : to_meta(args[i]));
+  }
+  std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+  } catch (const c10::Error&) {
+    return;  // the CPU kernel will report the problem
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!(writes(arguments[i]) && arguments[i].kwarg_only() && args[i].isTensor())) continue;
+    const at::Tensor& out = args[i].toTensor();
+    const at::Tensor& shaped = meta_args[i].toTensor();
+    if (!on_openreg(out)) continue;
+    const size_t needed = at::detail::computeStorageNbytes(
+        shaped.sizes(), shaped.strides(), shaped.dtype().itemsize(), shaped.storage_offset());
+    auto* storage = out.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+  }
+}
+
+// Worker side: replaces device tensors by aliases and device generators by
+// their CPU state.
+c10::IValue to_cpu(const c10::IValue& value, const c10::Argument& argument,
+                   AliasBuilder& builder, c10::DeviceIndex device) {
+  if (is_optional_generator(argument)) {
+    if (value.isNone()) return cpu_state_of(default_generator(device));
+    const at::Generator generator = value.toGenerator();
+    TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
+                "Expected a 'openreg' device type for generator but found '",
+                generator.device().type(), "'");
+    return cpu_state_of(generator);
+  }
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    return on_openreg(t) ? builder.alias(t) : t;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) {
+      list.push_back(on_openreg(t) ? builder.alias(t) : t);
+    }
+    return list;
+  }
+  if (value.isList() && !value.toListRef().empty() &&
+      argument.type()->kind() == c10::TypeKind::ListType) {
+    // Tensor?[] (e.g. index): a list of optional tensors.
+    auto element = argument.type()->castRaw<c10::ListType>()->getElementType();
+    if (element->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const c10::IValue& v : value.toListRef()) {
+        if (v.isNone()) {
+          list.push_back(std::nullopt);
+        } else {
+          const at::Tensor& t = v.toTensor();
+          list.push_back(on_openreg(t) ? builder.alias(t) : t);
+        }
+      }
+      return list;
+    }
+  }
+  if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return c10::Device(c10::kCPU);
+  }
+  return value;
+}
+
+// Caller side: a CPU result becomes a device tensor (a view if it aliases a
+// device storage, otherwise a copy on `device`).
+at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
+                     c10::DeviceIndex device) {
+  if (!t.defined()) return t;
+  if (const c10::Storage* storage = builder.device_storage_of(t.storage().unsafeGetStorageImpl())) {
+    return device_view(*storage, t, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1));
+  }
+  const auto options = t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device));
+  at::Tensor result = t.is_non_overlapping_and_dense()
+      ? at::empty_strided(t.sizes(), t.strides(), options)
+      : at::empty(t.sizes(), options);
+  result.copy_(t);
+  return result;
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  auto args = torch::jit::last(*stack, num_args);
+  const c10::DeviceIndex device = find_device(schema, args);
+  TORCH_CHECK(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
+              "OpenReg: operator ", schema.name(), " is not supported on openreg:",
+              static_cast<int>(device), ": it has neither an OpenReg kernel nor "
+              "a CPU kernel to fall back on");
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  grow_out_arguments(op, args);
+
+  std::vector<at::Tensor> keep_alive;
+  for (const c10::IValue& value : args) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (on_openreg(t)) keep_alive.push_back(t);
+    });
+  }
+  AliasBuilder builder;
+  std::vector<c10::IValue> cpu_args;
+  torch::jit::Stack results;
+  launch_kernel(current_stream(device), std::move(keep_alive), [&] {
+    for (size_t i = 0; i < num_args; ++i) {
+      cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, device));
+    }
+    results = cpu_args;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
+  }, /*wait=*/true);
+
+  // Kernels may reshape mutable arguments (e.g. resize an out= tensor).
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!writes(schema.arguments()[i]) || !args[i].isTensor()) continue;
+    const at::Tensor& device_tensor = args[i].toTensor();
+    const at::Tensor& alias = cpu_args[i].toTensor();
+    if (!on_openreg(device_tensor)) continue;
+    TORCH_CHECK(builder.device_storage_of(alias.storage().unsafeGetStorageImpl()),
+                "OpenReg: ", schema.name(), " replaced the storage of argument '",
+                schema.arguments()[i].name(), "', which the CPU fallback cannot mirror");
+    if (!alias.sizes().equals(device_tensor.sizes()) ||
+        !alias.strides().equals(device_tensor.strides()) ||
+        alias.storage_offset() != device_tensor.storage_offset()) {
+      device_tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+          alias.sizes(), alias.strides(), alias.storage_offset());
+    }
+  }
+
+  torch::jit::Stack outputs;
+  const auto& returns = schema.returns();
+  for (size_t r = 0; r < returns.size(); ++r) {
+    const c10::Argument& ret = returns[r];
+    c10::IValue& value = results[r];
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      // Return the mutated argument itself (same TensorImpl as the caller's).
+      bool found = false;
+      for (size_t i = 0; i < num_args && !found; ++i) {
+        const auto& info = schema.arguments()[i].alias_info();
+        if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
+          outputs.push_back(args[i]);
+          found = true;
+        }
+      }
+      if (found) continue;
+    }
+    if (value.isTensor()) {
+      outputs.push_back(to_device(value.toTensor(), builder, device));
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(to_device(t, builder, device));
+      outputs.push_back(std::move(list));
+    } else {
+      outputs.push_back(std::move(value));
+    }
+  }
+  torch::jit::drop(*stack, num_args);
+  for (auto& v : outputs) stack->push_back(std::move(v));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+// Autocast for OpenReg runs PyTorch's generic policy; operators without a
+// policy fall through.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace openreg

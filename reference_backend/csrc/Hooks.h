@@ -1,0 +1,11 @@
+#pragma once
+
+#include <cstdint>
+
+namespace openreg {
+
+// How many times PyTorch called the hooks' init() in this process
+// (instrumentation for the conformance suite: it must be exactly once).
+uint64_t hooks_init_calls();
+
+}  // namespace openreg

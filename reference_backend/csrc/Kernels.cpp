@@ -1,0 +1,296 @@
+// Native PrivateUse1 kernels: the operators PyTorch cannot route through a
+// CPU fallback because they create, reshape or move device memory itself.
+#include "Allocator.h"
+#include "DeviceKernel.h"
+#include "DeviceManagement.h"
+#include "Exception.h"
+#include "Stream.h"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace openreg {
+
+namespace {
+
+constexpr auto kKey = c10::DispatchKey::PrivateUse1;
+
+c10::DeviceIndex device_of(std::optional<c10::Device> device) {
+  if (!device.has_value() || !device->has_index()) return current_device();
+  check_openreg_device(*device, "device");
+  check_device_index(device->index());
+  return device->index();
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "OpenReg: pin_memory=True applies "
+              "to host tensors only, not to tensors on an OpenReg device");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "OpenReg: only strided tensors are supported, got layout ",
+              *layout);
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_of(device)));
+  return at::detail::empty_generic(size, device_allocator(),
+                                   c10::DispatchKeySet(kKey),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "OpenReg: pin_memory=True applies "
+              "to host tensors only, not to tensors on an OpenReg device");
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
+              "OpenReg: only strided tensors are supported, got layout ",
+              *layout);
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_of(device)));
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           c10::DispatchKeySet(kKey),
+                                           c10::dtype_or_default(dtype));
+}
+
+// Ensures the storage of `self` holds at least `nbytes`, growing it on the
+// device (never through host memory).
+void ensure_storage_bytes(const at::Tensor& self, size_t nbytes) {
+  c10::StorageImpl* storage = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (nbytes > storage->nbytes()) resize_storage_bytes(storage, nbytes);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(self.device());
+  const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  const size_t needed = at::detail::computeStorageNbytesContiguous(
+      size, itemsize, self.storage_offset());
+  ensure_storage_bytes(self, needed);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
+                "OpenReg: resize_ does not accept memory_format=preserve_format");
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "OpenReg: set_: the storage must be on an OpenReg device, got ",
+              source.device());
+  TORCH_CHECK(offset >= 0, "OpenReg: set_: storage_offset must be >= 0, got ", offset);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  const c10::DeviceGuard guard(self.device());
+  const auto itemsize = self.dtype().itemsize();
+  const size_t needed = stride.empty()
+      ? at::detail::computeStorageNbytesContiguous(size, itemsize, offset)
+      : at::detail::computeStorageNbytes(size, stride, itemsize, offset);
+  ensure_storage_bytes(self, needed);
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(offset);
+  } else {
+    impl->set_sizes_and_strides(size, stride, offset);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  return set_storage(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
+                                      c10::SymInt offset, c10::SymIntArrayRef size,
+                                      c10::SymIntArrayRef stride) {
+  return set_storage(self, std::move(source), offset.expect_int(),
+                     C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.storage_offset(),
+                     source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(),
+                     /*resizable=*/true);
+  return set_storage(self, empty, 0, {0}, {});
+}
+
+// ------------------------------------------------------------------ copies
+
+bool plain_layout(const at::Tensor& t) {
+  return t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
+
+// Same-device copy with conversion/striding: a kernel running CPU copy_.
+void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Stream& stream) {
+  launch_kernel(stream, {src, dst}, [src, dst] {
+    AliasBuilder builder;
+    builder.alias(dst).copy_(builder.alias(src));
+  }, /*wait=*/false);
+}
+
+void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
+  const auto dst_index = dst.device().index();
+  const auto src_index = src.device().index();
+  const c10::Stream dst_stream = current_stream(dst_index);
+  if (src_index == dst_index) {
+    if (plain_layout(src) && plain_layout(dst) && src.dtype() == dst.dtype() &&
+        src.sizes().equals(dst.sizes())) {
+      OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
+                                  orMemcpyDeviceToDevice, native_stream(dst_stream)));
+    } else {
+      copy_on_device(src, dst, dst_stream);
+    }
+    return;
+  }
+  // Across devices: make a plain copy of src on its own device, move it with
+  // a peer copy ordered after src's stream, then convert on dst's device.
+  at::Tensor staged_src;
+  {
+    const c10::DeviceGuard guard(src.device());
+    staged_src = at::empty(dst.sizes(), src.options().dtype(dst.dtype()));
+    copy_device_to_device(src.expand_as(dst), staged_src);
+  }
+  const c10::Stream src_stream = current_stream(src_index);
+  orEvent_t ready = nullptr;
+  {
+    const c10::DeviceGuard guard(src.device());
+    OPENREG_CHECK(orEventCreateWithFlags(&ready, orEventDisableTiming));
+    OPENREG_CHECK(orEventRecord(ready, native_stream(src_stream)));
+  }
+  const orError_t waited = orStreamWaitEvent(native_stream(dst_stream), ready);
+  orEventDestroy(ready);
+  OPENREG_CHECK(waited);
+  at::Tensor target = dst;
+  if (!plain_layout(dst)) {
+    const c10::DeviceGuard guard(dst.device());
+    target = at::empty(dst.sizes(), dst.options());
+  }
+  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), staged_src.const_data_ptr(),
+                              target.nbytes(), orMemcpyDeviceToDevice,
+                              native_stream(dst_stream)));
+  // Keep the staging buffer (a block of src's device) alive until the copy on
+  // dst's stream has run: a no-op kernel behind the copy holds the last ref.
+  launch_kernel(dst_stream, {staged_src}, [] {}, /*wait=*/false);
+  if (!target.is_same(dst)) copy_on_device(target, dst, dst_stream);
+}
+
+void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  const c10::Stream stream = current_stream(dst.device().index());
+  const orStream_t native = native_stream(stream);
+  // Convert and lay out on the host, where that is cheap, then move bytes.
+  at::Tensor host = src.to(dst.dtype()).expand_as(dst).contiguous().resolve_conj().resolve_neg();
+  at::Tensor target = dst;
+  if (!plain_layout(dst)) {
+    const c10::DeviceGuard guard(dst.device());
+    target = at::empty(dst.sizes(), dst.options());
+  }
+  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(), host.nbytes(),
+                              orMemcpyHostToDevice, native));
+  if (!target.is_same(dst)) copy_on_device(target, dst, stream);
+  const bool pinned_source = host.is_same(src) && is_pinned_pointer(host.const_data_ptr());
+  if (non_blocking && pinned_source) {
+    // The caller may not touch src until the stream is done; the allocator
+    // keeps the pinned block alive until then.
+    record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
+    return;
+  }
+  OPENREG_CHECK(orStreamSynchronize(native));  // pageable memory: like CUDA
+}
+
+void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  const c10::Stream stream = current_stream(src.device().index());
+  const orStream_t native = native_stream(stream);
+  at::Tensor source = src;
+  if (!plain_layout(src)) {
+    const c10::DeviceGuard guard(src.device());
+    source = at::empty(src.sizes(), src.options());
+    copy_on_device(src, source, stream);
+  }
+  const bool direct = plain_layout(dst) && dst.dtype() == src.dtype() &&
+      dst.sizes().equals(src.sizes());
+  at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(c10::kCPU));
+  OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), source.nbytes(),
+                              orMemcpyDeviceToHost, native));
+  if (direct && non_blocking && is_pinned_pointer(host.const_data_ptr())) {
+    record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
+    return;
+  }
+  OPENREG_CHECK(orStreamSynchronize(native));
+  if (!direct) dst.copy_(host);
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(), "OpenReg: copy_: undefined tensor");
+  TORCH_CHECK(!self.is_quantized() && !dst.is_quantized(),
+              "OpenReg: quantized tensors are not supported");
+  if (dst.numel() == 0) return dst;
+  const bool src_device = self.device().type() == c10::DeviceType::PrivateUse1;
+  const bool dst_device = dst.device().type() == c10::DeviceType::PrivateUse1;
+  TORCH_CHECK((src_device || self.is_cpu()) && (dst_device || dst.is_cpu()),
+              "OpenReg: copies are supported between OpenReg devices and the CPU, "
+              "not from ", self.device(), " to ", dst.device());
+  if (src_device && dst_device) {
+    copy_device_to_device(self, dst);
+  } else if (dst_device) {
+    copy_host_to_device(self, dst, non_blocking);
+  } else {
+    copy_device_to_host(self, dst, non_blocking);
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "OpenReg: a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  copy_device_to_host(self.reshape({}), host, /*non_blocking=*/false);
+  return host.item();
+}
+
+void record_stream_op(at::Tensor& self, c10::Stream stream) {
+  record_stream(self.storage().data_ptr(), stream);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_source_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("record_stream", TORCH_FN(record_stream_op));
+}
+
+}  // namespace openreg

@@ -1,0 +1,343 @@
+"""OpenReg: the reference PrivateUse1 backend, a simulated accelerator.
+
+``import openreg`` claims PyTorch's PrivateUse1 dispatch key under the name
+``openreg``: it loads the C++ backend (device guard, hooks, allocators,
+generators, kernels), renames the key, registers this module as
+``torch.openreg`` and generates ``Tensor.openreg()`` / ``Tensor.is_openreg``
+and friends. Nothing claims the key by autoload: importing PyTorch alone
+never activates OpenReg.
+
+Devices are configured once per process by environment variables, read when
+this module is first imported:
+
+* ``OPENREG_DEVICE_COUNT``: number of devices (default 2; 0 means none),
+* ``OPENREG_DEVICE_MEMORY``: bytes per device (default 4 GiB; suffixes K, M,
+  G, T allowed).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from typing import Any
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "current_device",
+    "default_generators",
+    "device",
+    "device_count",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
+]
+
+_BACKEND_NAME = "openreg"
+
+# ---------------------------------------------------------------- lazy init
+
+_initialized = False
+_init_lock = threading.Lock()
+_init_traceback: str | None = None
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a child forked after OpenReg was initialized in the parent."""
+    return _C._is_in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """Whether OpenReg has been initialized in this process. Never initializes."""
+    return _initialized and not _is_in_bad_fork()
+
+
+def _lazy_init() -> None:
+    """Initialize OpenReg once (PyTorch calls this before first device use)."""
+    global _initialized, _init_traceback
+    if _is_in_bad_fork():
+        raise RuntimeError(
+            "Cannot re-initialize OpenReg in a forked subprocess: OpenReg was "
+            "initialized in the parent process before fork(). To use OpenReg "
+            "with multiprocessing, use the 'spawn' start method."
+        )
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        _C._init()
+        _init_traceback = "".join(traceback.format_stack())
+        _initialized = True
+
+
+def init() -> None:
+    """Initialize OpenReg explicitly (optional: it happens on first use)."""
+    _lazy_init()
+
+
+# -------------------------------------------------------- device management
+
+
+def is_available() -> bool:
+    """Whether at least one OpenReg device exists. Never raises, never initializes."""
+    try:
+        return _C._device_count() > 0
+    except Exception:  # noqa: BLE001 - the contract is "never raises"
+        return False
+
+
+def device_count() -> int:
+    """Number of OpenReg devices. Never raises, never initializes."""
+    try:
+        return _C._device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _device_index(device: Any, *, optional: bool) -> int:
+    """Index of `device` (int, str, torch.device or None), -1 for "current"."""
+    if device is None:
+        if optional:
+            return -1
+        raise ValueError("Expected an OpenReg device or an index, but got None")
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(
+            f"Expected an int, str or torch.device for the OpenReg device, but got "
+            f"{type(device).__name__}"
+        )
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != _BACKEND_NAME:
+            raise ValueError(
+                f"Expected an OpenReg device ({_BACKEND_NAME!r}), but got a "
+                f"{device.type!r} device"
+            )
+        return -1 if device.index is None else device.index
+    return device
+
+
+def current_device() -> int:
+    """Index of the current OpenReg device of the calling thread (0 in new threads)."""
+    _lazy_init()
+    return _C._current_device()
+
+
+def set_device(device: Any) -> None:
+    """Make `device` current for the calling thread.
+
+    -1 (and a torch.device without index) is a no-op, as in
+    ``torch.accelerator.set_device_index``. Any other index outside
+    ``[0, device_count())`` raises RuntimeError and changes nothing.
+    """
+    index = _device_index(device, optional=False)
+    if index == -1:
+        return
+    _lazy_init()
+    _C._set_device(index)
+
+
+def _exchange_device(device: int) -> int:
+    """Set `device` and return the previous device (-1: no change, returns -1)."""
+    if device == -1:
+        return -1
+    _lazy_init()
+    return _C._exchange_device(device)
+
+
+def _maybe_exchange_device(device: int) -> int:
+    """Like _exchange_device, but an invalid index changes nothing."""
+    if device == -1:
+        return -1
+    _lazy_init()
+    return _C._maybe_exchange_device(device)
+
+
+class device:
+    """Context manager that makes `device` current and restores the previous one.
+
+    ``None`` and -1 do nothing. Restores on exit, also when an exception
+    escapes; nested contexts restore in LIFO order.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.idx = _device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = _exchange_device(self.idx)
+
+    def __exit__(self, *exc_info: object) -> bool:
+        self.idx = _maybe_exchange_device(self.prev_idx)
+        return False
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on all streams of `device` (default: current device)."""
+    _lazy_init()
+    _C._synchronize(_device_index(device, optional=True))
+
+
+# ------------------------------------------------------------------ random
+
+
+def _generator(device: Any) -> torch.Generator:
+    index = _device_index(device, optional=True)
+    return _C._default_generator(index)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's default generator."""
+    _generator(None).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed the default generators of all devices (torch.manual_seed calls this)."""
+    seed = int(seed)
+    for generator in default_generators:
+        generator.manual_seed(seed)
+
+
+def seed() -> None:
+    """Seed the current device's generator with a non-deterministic number."""
+    _generator(None).seed()
+
+
+def seed_all() -> None:
+    """Seed all default generators with one non-deterministic number."""
+    if not default_generators:
+        return
+    value = default_generators[0].seed()
+    for generator in default_generators[1:]:
+        generator.manual_seed(value)
+
+
+def initial_seed() -> int:
+    """The seed of the current device's default generator."""
+    return _generator(None).initial_seed()
+
+
+def get_rng_state(device: Any = _BACKEND_NAME) -> torch.Tensor:
+    """The state of `device`'s default generator (a CPU ByteTensor)."""
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = _BACKEND_NAME) -> None:
+    """Restore `device`'s default generator from get_rng_state()."""
+    _generator(device).set_state(new_state.clone(memory_format=torch.contiguous_format))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [generator.get_state() for generator in default_generators]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    if len(new_states) != len(default_generators):
+        raise ValueError(
+            f"set_rng_state_all: expected {len(default_generators)} states (one per "
+            f"device), got {len(new_states)}"
+        )
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+# ------------------------------------------------------------------ memory
+
+
+def _stats_device(device: Any) -> int:
+    index = _device_index(device, optional=True)
+    return current_device() if index == -1 else index
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Allocator statistics of `device` (flattened, as torch.accelerator.memory_stats)."""
+    return torch.accelerator.memory_stats(_stats_device(device))
+
+
+def memory_allocated(device: Any = None) -> int:
+    return torch.accelerator.memory_allocated(_stats_device(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return torch.accelerator.max_memory_allocated(_stats_device(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    return torch.accelerator.memory_reserved(_stats_device(device))
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return torch.accelerator.max_memory_reserved(_stats_device(device))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    torch._C._accelerator_resetPeakStats(_stats_device(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    torch._C._accelerator_resetAccumulatedStats(_stats_device(device))
+
+
+def empty_cache() -> None:
+    """Return cached device memory (and deferred pinned memory) to the runtime."""
+    torch._C._accelerator_emptyCache()
+    _C._empty_host_cache()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of `device`."""
+    return torch._C._accelerator_getMemoryInfo(_stats_device(device))
+
+
+# --------------------------------------------------------------------- amp
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Dtypes torch.autocast("openreg", dtype=...) accepts."""
+    return [torch.float16, torch.bfloat16]
+
+
+# ------------------------------------------------------------ registration
+
+
+def _claim_privateuse1() -> tuple[torch.Generator, ...]:
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", _BACKEND_NAME):
+        raise RuntimeError(
+            f"Cannot load OpenReg: PrivateUse1 is already claimed by the backend "
+            f"{current!r} in this process (only one PrivateUse1 backend can be loaded)"
+        )
+    torch.utils.rename_privateuse1_backend(_BACKEND_NAME)
+    torch._register_device_module(_BACKEND_NAME, sys.modules[__name__])
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+    return tuple(_C._default_generator(i) for i in range(device_count()))
+
+
+default_generators: tuple[torch.Generator, ...] = _claim_privateuse1()

@@ -1,0 +1,190 @@
+// OpenReg simulated accelerator runtime: a small C API in the style of a real
+// accelerator runtime (CUDA, ACL, Level Zero). It knows nothing about PyTorch.
+//
+// Model
+//  * N devices (OPENREG_DEVICE_COUNT, default 2, 0 allowed), each with its own
+//    memory of OPENREG_DEVICE_MEMORY bytes (default 4 GiB).
+//  * Device memory lives in a region the host cannot touch: a host load or
+//    store through a device pointer faults (SIGSEGV). Only copies made by the
+//    runtime and kernels running on a stream of the *same* device can reach it
+//    (kernels call orKernelMapPointer to get an accessible alias).
+//  * Each stream is served by its own worker thread, so work launched on it
+//    really runs asynchronously, in launch order.
+//  * The current device is per thread and starts at 0 in every new thread.
+//  * A device is "initialized" (has a primary context) once its memory or
+//    streams are first used; setting or reading the current device does not
+//    initialize it.
+//  * Every failing call returns an error code and leaves a message naming the
+//    call, the argument and the valid range, readable in the same thread with
+//    orGetLastErrorMessage().
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define OR_API __attribute__((visibility("default")))
+#else
+#define OR_API
+#endif
+
+typedef enum orError {
+  orSuccess = 0,
+  orErrorInvalidValue = 1,      // an argument is out of its valid range
+  orErrorInvalidDevice = 2,     // a device index is not in [0, device count)
+  orErrorMemoryAllocation = 3,  // the device (or host) is out of memory
+  orErrorInvalidPointer = 4,    // a pointer is not what the call requires
+  orErrorNotReady = 5,          // query: work is still pending (not a failure)
+  orErrorInvalidHandle = 6,     // a stream or event handle is unknown/destroyed
+  orErrorDeviceMismatch = 7,    // resources of different devices were mixed
+  orErrorNoDevice = 8,          // the runtime has no device at all
+  orErrorInitialization = 9,    // the configuration (environment) is invalid
+  orErrorForkedProcess = 10,    // initialized before fork(); unusable in child
+  orErrorKernelFailed = 11,     // a kernel on the stream raised an error
+  orErrorNotPermitted = 12,     // the call is not allowed in this context
+} orError_t;
+
+// The largest device count PyTorch can address (DeviceIndex is int8_t).
+#define OR_MAX_DEVICE_COUNT 127
+#define OR_DEFAULT_DEVICE_COUNT 2
+#define OR_DEFAULT_DEVICE_MEMORY (4ull << 30)
+// Every device allocation is aligned to this many bytes.
+#define OR_ALLOCATION_ALIGNMENT 512
+
+OR_API const char* orGetErrorName(orError_t error);
+// Message of the last failing call made by this thread ("" if none).
+OR_API const char* orGetLastErrorMessage(void);
+
+// ---------------------------------------------------------------- devices
+OR_API orError_t orGetDeviceCount(int* count);
+OR_API orError_t orGetDevice(int* device);
+OR_API orError_t orSetDevice(int device);
+// Whether `device` has been initialized (its memory or streams were used).
+// Never initializes anything; cheap.
+OR_API orError_t orDeviceIsInitialized(int device, int* initialized);
+// Initialize `device` now (idempotent).
+OR_API orError_t orDeviceInit(int device);
+// Block until all work on all streams of `device` (not the current one) is done.
+OR_API orError_t orDeviceSynchronize(int device);
+OR_API orError_t orDeviceGetMemoryInfo(int device, size_t* free_bytes,
+                                       size_t* total_bytes);
+// Priorities range from `least` (0, the default) to `greatest` (-1, served
+// first). Like CUDA, a numerically lower priority is more urgent.
+OR_API orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest);
+
+// ----------------------------------------------------------------- memory
+typedef enum orMemoryType {
+  orMemoryTypeUnregistered = 0,  // not allocated by this runtime
+  orMemoryTypeHost = 1,          // pinned host memory (orMallocHost)
+  orMemoryTypeDevice = 2,        // device memory (orMalloc)
+} orMemoryType;
+
+typedef struct orPointerAttributes {
+  orMemoryType type;
+  int device;      // owning device for device memory, -1 otherwise
+  void* base;      // start of the allocation containing the pointer
+  size_t size;     // size of that allocation in bytes
+} orPointerAttributes;
+
+typedef enum orMemcpyKind {
+  orMemcpyHostToHost = 0,
+  orMemcpyHostToDevice = 1,
+  orMemcpyDeviceToHost = 2,
+  orMemcpyDeviceToDevice = 3,
+} orMemcpyKind;
+
+// Allocate on the current device. size 0 yields nullptr and succeeds.
+OR_API orError_t orMalloc(void** ptr, size_t size);
+// Free device memory. nullptr is a no-op; interior or unknown pointers fail.
+// Waits for nothing: the caller orders frees after the work that uses them.
+OR_API orError_t orFree(void* ptr);
+// Pinned (page-locked) host memory, registered so that it can be recognized.
+OR_API orError_t orMallocHost(void** ptr, size_t size);
+OR_API orError_t orFreeHost(void* ptr);
+// Never fails for a pointer the runtime does not know: reports Unregistered.
+// Interior pointers resolve to their allocation.
+OR_API orError_t orPointerGetAttributes(orPointerAttributes* attributes,
+                                        const void* ptr);
+
+typedef struct orStream* orStream_t;
+typedef struct orEvent* orEvent_t;
+
+// Copies. Device pointers must lie inside allocations (ranges are checked).
+// orMemcpy runs on the default stream of the device involved and returns when
+// the copy is done; it does not wait for work queued on other streams.
+OR_API orError_t orMemcpy(void* dst, const void* src, size_t count,
+                          orMemcpyKind kind);
+// Enqueue the copy on `stream` (nullptr: the current device's default stream)
+// and return at once. Host memory must stay valid until the copy completes.
+// One device pointer must belong to the stream's device; a device-to-device
+// copy may read or write one other device (an explicit peer copy).
+OR_API orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
+                               orMemcpyKind kind, orStream_t stream);
+OR_API orError_t orMemsetAsync(void* dst, int value, size_t count,
+                               orStream_t stream);
+
+// ---------------------------------------------------------------- streams
+// Streams belong to the current device. Handles stay valid until destroyed;
+// default streams are never destroyed.
+OR_API orError_t orStreamCreate(orStream_t* stream);
+OR_API orError_t orStreamCreateWithPriority(orStream_t* stream, int priority);
+OR_API orError_t orStreamDestroy(orStream_t stream);
+OR_API orError_t orStreamGetDefault(int device, orStream_t* stream);
+OR_API orError_t orStreamGetDevice(orStream_t stream, int* device);
+OR_API orError_t orStreamGetPriority(orStream_t stream, int* priority);
+// orSuccess when all work launched so far has completed, orErrorNotReady else.
+OR_API orError_t orStreamQuery(orStream_t stream);
+OR_API orError_t orStreamSynchronize(orStream_t stream);
+// Work launched on `stream` after this call waits for the work recorded in
+// `event` (at the time of this call). An unrecorded event is a no-op.
+OR_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
+
+// A kernel: a function run on the stream's worker thread. It returns
+// orSuccess or an error code; on error it may call orKernelSetError first.
+// A failed kernel makes the stream's next query/synchronize return
+// orErrorKernelFailed with the kernel's message (the error is then cleared).
+typedef orError_t (*orKernelFn)(void* arg);
+OR_API orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg);
+// Inside a kernel: an accessible alias for `count` bytes at a device pointer.
+// Fails unless the caller is a kernel running on a stream of the device that
+// owns the memory, and the range lies inside one allocation.
+OR_API orError_t orKernelMapPointer(const void* device_ptr, size_t count,
+                                    void** accessible);
+// Inside a kernel: the device the kernel runs on (-1 outside kernels).
+OR_API int orKernelCurrentDevice(void);
+OR_API void orKernelSetError(const char* message);
+
+// ----------------------------------------------------------------- events
+#define orEventDefault 0x0
+#define orEventDisableTiming 0x2
+OR_API orError_t orEventCreate(orEvent_t* event);
+OR_API orError_t orEventCreateWithFlags(orEvent_t* event, unsigned flags);
+OR_API orError_t orEventDestroy(orEvent_t event);
+// Capture the work launched so far on `stream`. The event and the stream must
+// belong to the same device (the event's device is the current device at
+// creation).
+OR_API orError_t orEventRecord(orEvent_t event, orStream_t stream);
+// orSuccess if never recorded or the captured work is done; orErrorNotReady.
+OR_API orError_t orEventQuery(orEvent_t event);
+OR_API orError_t orEventSynchronize(orEvent_t event);
+OR_API orError_t orEventGetDevice(orEvent_t event, int* device);
+// Milliseconds between two completed, timing-enabled events of one device.
+OR_API orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+// ------------------------------------------------------------ diagnostics
+typedef struct orDebugCounters {
+  uint64_t set_device_calls;     // orSetDevice calls that changed the device
+  uint64_t device_inits;         // devices initialized in this process
+  uint64_t mallocs;              // successful orMalloc calls (size > 0)
+  uint64_t frees;                // successful orFree calls (non-null)
+  uint64_t kernels_launched;
+} orDebugCounters;
+OR_API orError_t orGetDebugCounters(orDebugCounters* counters);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif

@@ -1,0 +1,332 @@
+// Configuration, errors, devices and the per-thread current device.
+#include "internal.h"
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace openreg::runtime {
+
+namespace {
+
+thread_local std::string tls_last_error;
+thread_local int tls_current_device = 0;  // every thread starts on device 0
+
+std::atomic<Device*> g_devices[OR_MAX_DEVICE_COUNT];
+std::mutex g_init_mutex;
+std::atomic<bool> g_any_initialized{false};
+std::atomic<bool> g_forked_after_init{false};
+
+void on_fork_child() {
+  // The parent's stream workers do not exist here and the device memory is
+  // shared with the parent: a child must not touch any of it.
+  if (g_any_initialized.load()) {
+    g_forked_after_init.store(true);
+  }
+}
+
+// Parses a size with an optional binary suffix (K, KiB, M, MiB, G, GiB, T, TiB).
+bool parse_size(const char* text, size_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (end == text || errno != 0 || text[0] == '-') return false;
+  std::string suffix(end);
+  unsigned shift = 0;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  else if (suffix == "K" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (suffix == "T" || suffix == "TiB") shift = 40;
+  else return false;
+  if (shift && value > (ULLONG_MAX >> shift)) return false;
+  *out = static_cast<size_t>(value << shift);
+  return true;
+}
+
+Config parse_config() {
+  Config c;
+  c.device_count = OR_DEFAULT_DEVICE_COUNT;
+  c.device_memory = OR_DEFAULT_DEVICE_MEMORY;
+  if (const char* text = std::getenv("OPENREG_DEVICE_COUNT")) {
+    errno = 0;
+    char* end = nullptr;
+    long value = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || errno != 0 || value < 0 ||
+        value > OR_MAX_DEVICE_COUNT) {
+      c.error = orErrorInitialization;
+      c.error_message = std::string("OPENREG_DEVICE_COUNT='") + text +
+          "' is invalid: expected an integer in [0, " +
+          std::to_string(OR_MAX_DEVICE_COUNT) +
+          "] (PyTorch's DeviceIndex cannot address more devices)";
+      c.device_count = 0;
+      return c;
+    }
+    c.device_count = static_cast<int>(value);
+  }
+  if (const char* text = std::getenv("OPENREG_DEVICE_MEMORY")) {
+    size_t bytes = 0;
+    constexpr size_t kMin = 1ull << 16, kMax = 1ull << 40;
+    if (!parse_size(text, &bytes) || bytes < kMin || bytes > kMax) {
+      c.error = orErrorInitialization;
+      c.error_message = std::string("OPENREG_DEVICE_MEMORY='") + text +
+          "' is invalid: expected a byte count in [65536, 1099511627776], "
+          "optionally with a suffix K, M, G or T (binary units)";
+      c.device_count = 0;
+      return c;
+    }
+    c.device_memory = bytes;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::atomic<uint64_t> g_set_device_calls{0};
+std::atomic<uint64_t> g_device_inits{0};
+std::atomic<uint64_t> g_mallocs{0};
+std::atomic<uint64_t> g_frees{0};
+std::atomic<uint64_t> g_kernels{0};
+
+orError_t fail(orError_t code, const char* format, ...) {
+  char buffer[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  tls_last_error = buffer;
+  return code;
+}
+
+void clear_last_error() { tls_last_error.clear(); }
+
+const Config& config() {
+  static const Config parsed = [] {
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    return parse_config();
+  }();
+  return parsed;
+}
+
+orError_t check_not_forked(const char* call) {
+  if (g_forked_after_init.load(std::memory_order_relaxed)) {
+    return fail(orErrorForkedProcess,
+                "%s: the OpenReg runtime was initialized before this process "
+                "was forked; devices cannot be used in the child (start "
+                "children with the 'spawn' method instead)",
+                call);
+  }
+  return orSuccess;
+}
+
+orError_t current_device(const char* call, int* device) {
+  const Config& c = config();
+  if (c.error != orSuccess) {
+    return fail(c.error, "%s: %s", call, c.error_message.c_str());
+  }
+  if (c.device_count == 0) {
+    return fail(orErrorNoDevice, "%s: there are no OpenReg devices "
+                "(OPENREG_DEVICE_COUNT=0)", call);
+  }
+  *device = tls_current_device;
+  return orSuccess;
+}
+
+orError_t check_device(const char* call, const char* argument, int device) {
+  const Config& c = config();
+  if (c.error != orSuccess) {
+    return fail(c.error, "%s: %s", call, c.error_message.c_str());
+  }
+  if (c.device_count == 0) {
+    return fail(orErrorNoDevice, "%s: %s=%d is invalid: there are no OpenReg "
+                "devices (OPENREG_DEVICE_COUNT=0)", call, argument, device);
+  }
+  if (device < 0 || device >= c.device_count) {
+    return fail(orErrorInvalidDevice,
+                "%s: %s=%d is out of range: valid devices are [0, %d)", call,
+                argument, device, c.device_count);
+  }
+  return orSuccess;
+}
+
+Device* device_if_initialized(int device) {
+  if (device < 0 || device >= OR_MAX_DEVICE_COUNT) return nullptr;
+  return g_devices[device].load(std::memory_order_acquire);
+}
+
+orError_t get_device(const char* call, int device, Device** out) {
+  if (orError_t e = check_device(call, "device", device)) return e;
+  if (orError_t e = check_not_forked(call)) return e;
+  Device* d = g_devices[device].load(std::memory_order_acquire);
+  if (d) {
+    *out = d;
+    return orSuccess;
+  }
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  d = g_devices[device].load(std::memory_order_acquire);
+  if (!d) {
+    auto* fresh = new Device(device, config().device_memory);
+    std::string error;
+    if (!fresh->arena.init(&error)) {
+      // Leaks the half-built device on purpose: it holds no resources.
+      return fail(orErrorMemoryAllocation, "%s: cannot initialize device %d: %s",
+                  call, device, error.c_str());
+    }
+    orStream* stream = new_stream(device, 0, /*is_default=*/true);
+    fresh->default_stream = stream;
+    fresh->streams.push_back(stream);
+    g_devices[device].store(fresh, std::memory_order_release);
+    g_any_initialized.store(true);
+    g_device_inits.fetch_add(1);
+    d = fresh;
+  }
+  *out = d;
+  return orSuccess;
+}
+
+Device* device_owning(const void* ptr) {
+  const int count = config().device_count;
+  for (int i = 0; i < count; ++i) {
+    Device* d = device_if_initialized(i);
+    if (d && d->arena.contains(ptr)) return d;
+  }
+  return nullptr;
+}
+
+}  // namespace openreg::runtime
+
+using namespace openreg::runtime;
+
+extern "C" {
+
+const char* orGetErrorName(orError_t error) {
+  switch (error) {
+    case orSuccess: return "orSuccess";
+    case orErrorInvalidValue: return "orErrorInvalidValue";
+    case orErrorInvalidDevice: return "orErrorInvalidDevice";
+    case orErrorMemoryAllocation: return "orErrorMemoryAllocation";
+    case orErrorInvalidPointer: return "orErrorInvalidPointer";
+    case orErrorNotReady: return "orErrorNotReady";
+    case orErrorInvalidHandle: return "orErrorInvalidHandle";
+    case orErrorDeviceMismatch: return "orErrorDeviceMismatch";
+    case orErrorNoDevice: return "orErrorNoDevice";
+    case orErrorInitialization: return "orErrorInitialization";
+    case orErrorForkedProcess: return "orErrorForkedProcess";
+    case orErrorKernelFailed: return "orErrorKernelFailed";
+    case orErrorNotPermitted: return "orErrorNotPermitted";
+  }
+  return "orErrorUnknown";
+}
+
+const char* orGetLastErrorMessage(void) { return tls_last_error.c_str(); }
+
+orError_t orGetDeviceCount(int* count) {
+  if (!count) return fail(orErrorInvalidValue, "orGetDeviceCount: count is null");
+  const Config& c = config();
+  *count = c.device_count;
+  if (c.error != orSuccess) {
+    return fail(c.error, "orGetDeviceCount: %s", c.error_message.c_str());
+  }
+  return orSuccess;
+}
+
+orError_t orGetDevice(int* device) {
+  if (!device) return fail(orErrorInvalidValue, "orGetDevice: device is null");
+  return current_device("orGetDevice", device);
+}
+
+orError_t orSetDevice(int device) {
+  if (orError_t e = check_device("orSetDevice", "device", device)) return e;
+  if (tls_current_device != device) {  // the counter documents changes only
+    g_set_device_calls.fetch_add(1, std::memory_order_relaxed);
+    tls_current_device = device;
+  }
+  return orSuccess;
+}
+
+orError_t orDeviceIsInitialized(int device, int* initialized) {
+  if (!initialized) {
+    return fail(orErrorInvalidValue, "orDeviceIsInitialized: initialized is null");
+  }
+  if (orError_t e = check_device("orDeviceIsInitialized", "device", device)) {
+    return e;
+  }
+  // A forked child inherits the parent's table but owns none of it.
+  *initialized = device_if_initialized(device) != nullptr &&
+      !g_forked_after_init.load();
+  return orSuccess;
+}
+
+orError_t orDeviceInit(int device) {
+  Device* d = nullptr;
+  return get_device("orDeviceInit", device, &d);
+}
+
+orError_t orDeviceSynchronize(int device) {
+  Device* d = nullptr;
+  if (orError_t e = get_device("orDeviceSynchronize", device, &d)) return e;
+  std::vector<orStream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(d->streams_mutex);
+    streams = d->streams;
+  }
+  orError_t first = orSuccess;
+  for (orStream* s : streams) {
+    orError_t e = orStreamSynchronize(s);
+    // A stream destroyed meanwhile has finished its work: not an error here.
+    if (e != orSuccess && e != orErrorInvalidHandle && first == orSuccess) {
+      first = e;
+    }
+  }
+  if (first != orSuccess) {
+    std::string inner = orGetLastErrorMessage();
+    return fail(first, "orDeviceSynchronize(device=%d): %s", device, inner.c_str());
+  }
+  return orSuccess;
+}
+
+orError_t orDeviceGetMemoryInfo(int device, size_t* free_bytes,
+                                size_t* total_bytes) {
+  if (!free_bytes || !total_bytes) {
+    return fail(orErrorInvalidValue, "orDeviceGetMemoryInfo: free_bytes and "
+                "total_bytes must not be null");
+  }
+  if (orError_t e = check_device("orDeviceGetMemoryInfo", "device", device)) {
+    return e;
+  }
+  // Answering does not need the device: an uninitialized device is all free.
+  const size_t total = config().device_memory;
+  Device* d = device_if_initialized(device);
+  *total_bytes = total;
+  *free_bytes = d ? total - d->arena.used() : total;
+  return orSuccess;
+}
+
+orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (!least || !greatest) {
+    return fail(orErrorInvalidValue, "orDeviceGetStreamPriorityRange: least and "
+                "greatest must not be null");
+  }
+  *least = 0;
+  *greatest = -1;
+  return orSuccess;
+}
+
+orError_t orGetDebugCounters(orDebugCounters* counters) {
+  if (!counters) {
+    return fail(orErrorInvalidValue, "orGetDebugCounters: counters is null");
+  }
+  counters->set_device_calls = g_set_device_calls.load();
+  counters->device_inits = g_device_inits.load();
+  counters->mallocs = g_mallocs.load();
+  counters->frees = g_frees.load();
+  counters->kernels_launched = g_kernels.load();
+  return orSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,176 @@
+// Internal structures of the OpenReg runtime. Not installed; not used outside
+// runtime/src.
+#pragma once
+
+#include <openreg/runtime.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdarg>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace openreg::runtime {
+
+// Records `message` as this thread's last error and returns `code`.
+orError_t fail(orError_t code, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+void clear_last_error();
+
+struct Config {
+  int device_count = 0;
+  size_t device_memory = 0;
+  orError_t error = orSuccess;  // set when the environment is invalid
+  std::string error_message;
+};
+// Parsed once from the environment, on first use.
+const Config& config();
+
+// Validates `device` against the configured count; `call` names the caller.
+orError_t check_device(const char* call, const char* argument, int device);
+
+// The calling thread's current device; fails (naming `call`) when the
+// configuration is invalid or there are no devices.
+orError_t current_device(const char* call, int* device);
+
+// Fails with orErrorForkedProcess in a child forked after initialization.
+orError_t check_not_forked(const char* call);
+
+// One device's memory: a memfd mapped twice. The "device view" is PROT_NONE,
+// so host dereferences of device pointers fault; the "kernel view" is the
+// read-write alias that copies and kernels use.
+class Arena {
+ public:
+  Arena(int device, size_t capacity);
+  // Arenas are never destroyed: devices live until the process ends.
+
+  bool init(std::string* error);
+  // Returns the device pointer, or nullptr when out of memory.
+  void* allocate(size_t size);
+  // false if `ptr` is not the start of a live allocation.
+  bool release(void* ptr);
+  bool contains(const void* ptr) const {
+    auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto b = reinterpret_cast<uintptr_t>(device_base_);
+    return p >= b && p < b + capacity_;
+  }
+  // Finds the live allocation containing [ptr, ptr+count); false if none.
+  bool find(const void* ptr, size_t count, void** base, size_t* size) const;
+  // Kernel-view alias of a device pointer inside this arena.
+  void* kernel_alias(const void* ptr) const {
+    return kernel_base_ + (static_cast<const char*>(ptr) - device_base_);
+  }
+  size_t capacity() const { return capacity_; }
+  size_t used() const;
+
+ private:
+  // Sizes are reserved in OR_ALLOCATION_ALIGNMENT steps, but range checks and
+  // pointer attributes use the size the caller asked for.
+  struct Allocation {
+    size_t reserved;
+    size_t requested;
+  };
+
+  void insert_free(size_t offset, size_t size);
+  void erase_free(size_t offset, size_t size);
+
+  int device_;
+  size_t capacity_;  // exactly the configured bytes: the accounting limit
+  size_t mapped_;    // capacity_ rounded up to whole pages
+  int fd_ = -1;
+  char* device_base_ = nullptr;
+  char* kernel_base_ = nullptr;
+  mutable std::mutex mutex_;
+  std::map<size_t, size_t> free_by_offset_;
+  std::set<std::pair<size_t, size_t>> free_by_size_;  // (size, offset)
+  std::map<size_t, Allocation> allocated_;            // by offset
+  size_t used_ = 0;
+};
+
+struct Marker {
+  std::atomic<bool> done{false};
+  std::chrono::steady_clock::time_point time;
+};
+
+struct Task {
+  std::function<orError_t()> work;   // empty for pure markers
+  std::shared_ptr<Marker> marker;    // completed after `work`, if set
+};
+
+}  // namespace openreg::runtime
+
+struct orStream {
+  static constexpr uint32_t kLive = 0x5354524d;  // "STRM"
+  std::atomic<uint32_t> magic{kLive};
+  int device = 0;
+  int priority = 0;
+  bool is_default = false;
+
+  std::mutex mutex;
+  std::condition_variable work_ready;
+  std::condition_variable work_done;
+  std::deque<openreg::runtime::Task> queue;
+  uint64_t submitted = 0;  // tasks ever enqueued
+  uint64_t completed = 0;  // tasks finished, in order
+  bool stopping = false;
+  std::string kernel_error;  // sticky error of a failed kernel
+  std::thread worker;
+
+  // Enqueues and returns the task's sequence number (1-based).
+  uint64_t enqueue(openreg::runtime::Task task);
+  void wait_for(uint64_t seq);
+  bool reached(uint64_t seq);
+  void run();
+};
+
+struct orEvent {
+  static constexpr uint32_t kLive = 0x45564e54;  // "EVNT"
+  std::atomic<uint32_t> magic{kLive};
+  int device = 0;
+  bool timing = true;
+  std::mutex mutex;
+  orStream* stream = nullptr;  // last record; nullptr if never recorded
+  uint64_t seq = 0;
+  std::shared_ptr<openreg::runtime::Marker> marker;
+};
+
+namespace openreg::runtime {
+
+struct Device {
+  explicit Device(int index, size_t capacity)
+      : index(index), arena(index, capacity) {}
+  int index;
+  Arena arena;
+  orStream* default_stream = nullptr;
+  std::mutex streams_mutex;
+  std::vector<orStream*> streams;  // live streams, default stream included
+};
+
+// The device if initialized, else nullptr. Never initializes.
+Device* device_if_initialized(int device);
+// Initializes on first use. `call` names the caller for error messages.
+orError_t get_device(const char* call, int device, Device** out);
+// The device owning `ptr` (device memory), or nullptr.
+Device* device_owning(const void* ptr);
+
+// Creates a stream with its worker thread and registers its handle.
+orStream* new_stream(int device, int priority, bool is_default);
+
+// Resolves nullptr to the current device's default stream and validates.
+orError_t resolve_stream(const char* call, orStream_t stream, orStream** out);
+
+extern std::atomic<uint64_t> g_set_device_calls;
+extern std::atomic<uint64_t> g_device_inits;
+extern std::atomic<uint64_t> g_mallocs;
+extern std::atomic<uint64_t> g_frees;
+extern std::atomic<uint64_t> g_kernels;
+
+}  // namespace openreg::runtime

@@ -1,0 +1,415 @@
+// Device memory (isolated arenas), pinned host memory and copies.
+#include "internal.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace openreg::runtime {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+// Frees at least this large give their pages back to the system.
+constexpr size_t kPunchThreshold = 1 << 20;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+struct HostRegistry {
+  std::mutex mutex;
+  std::map<uintptr_t, size_t> allocations;  // base -> size
+};
+HostRegistry& host_registry() {
+  static auto* r = new HostRegistry();  // leaked: used until process exit
+  return *r;
+}
+
+bool find_host(const void* ptr, void** base, size_t* size) {
+  auto& r = host_registry();
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.allocations.upper_bound(p);
+  if (it == r.allocations.begin()) return false;
+  --it;
+  if (p >= it->first + it->second) return false;
+  *base = reinterpret_cast<void*>(it->first);
+  *size = it->second;
+  return true;
+}
+
+}  // namespace
+
+Arena::Arena(int device, size_t capacity)
+    : device_(device), capacity_(capacity), mapped_(round_up(capacity, kPage)) {}
+
+bool Arena::init(std::string* error) {
+  std::string name = "openreg-device-" + std::to_string(device_);
+  fd_ = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd_ < 0) {
+    *error = std::string("memfd_create failed: ") + std::strerror(errno);
+    return false;
+  }
+  if (ftruncate(fd_, static_cast<off_t>(mapped_)) != 0) {
+    *error = std::string("ftruncate failed: ") + std::strerror(errno);
+    return false;
+  }
+  // MAP_NORESERVE: capacity is address space; pages exist once written.
+  void* device = mmap(nullptr, mapped_, PROT_NONE, MAP_SHARED | MAP_NORESERVE,
+                      fd_, 0);
+  void* kernel = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_NORESERVE, fd_, 0);
+  if (device == MAP_FAILED || kernel == MAP_FAILED) {
+    *error = std::string("mmap failed: ") + std::strerror(errno);
+    return false;
+  }
+  device_base_ = static_cast<char*>(device);
+  kernel_base_ = static_cast<char*>(kernel);
+  insert_free(0, capacity_);
+  return true;
+}
+
+void Arena::insert_free(size_t offset, size_t size) {
+  free_by_offset_.emplace(offset, size);
+  free_by_size_.emplace(size, offset);
+}
+
+void Arena::erase_free(size_t offset, size_t size) {
+  free_by_offset_.erase(offset);
+  free_by_size_.erase({size, offset});
+}
+
+void* Arena::allocate(size_t requested) {
+  const size_t size = round_up(requested, OR_ALLOCATION_ALIGNMENT);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = free_by_size_.lower_bound({size, 0});  // best fit
+  if (it == free_by_size_.end()) return nullptr;
+  auto [block_size, offset] = *it;
+  erase_free(offset, block_size);
+  if (block_size > size) insert_free(offset + size, block_size - size);
+  allocated_.emplace(offset, Allocation{size, requested});
+  used_ += size;
+  return device_base_ + offset;
+}
+
+bool Arena::release(void* ptr) {
+  size_t offset = static_cast<char*>(ptr) - device_base_;
+  size_t start, size;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(offset);
+    if (it == allocated_.end()) return false;
+    size = it->second.reserved;
+    allocated_.erase(it);
+    used_ -= size;
+    start = offset;
+    // Coalesce with free neighbours.
+    auto next = free_by_offset_.find(start + size);
+    if (next != free_by_offset_.end()) {
+      size_t next_size = next->second;
+      erase_free(next->first, next_size);
+      size += next_size;
+    }
+    auto prev = free_by_offset_.lower_bound(start);
+    if (prev != free_by_offset_.begin()) {
+      --prev;
+      if (prev->first + prev->second == start) {
+        size_t prev_offset = prev->first, prev_size = prev->second;
+        erase_free(prev_offset, prev_size);
+        start = prev_offset;
+        size += prev_size;
+      }
+    }
+    insert_free(start, size);
+  }
+  // Give whole pages of the free block back, so that freed memory does not
+  // stay resident. Pages shared with live allocations are never inside it.
+  if (size >= kPunchThreshold) {
+    size_t first = round_up(start, kPage);
+    size_t last = (start + size) / kPage * kPage;
+    if (last > first) {
+      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(first), static_cast<off_t>(last - first));
+    }
+  }
+  return true;
+}
+
+bool Arena::find(const void* ptr, size_t count, void** base,
+                 size_t* size) const {
+  if (!contains(ptr)) return false;
+  size_t offset = static_cast<const char*>(ptr) - device_base_;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.upper_bound(offset);
+  if (it == allocated_.begin()) return false;
+  --it;
+  const size_t end = it->first + it->second.requested;
+  if (offset >= end) return false;
+  if (count > end - offset) return false;
+  *base = device_base_ + it->first;
+  *size = it->second.requested;
+  return true;
+}
+
+size_t Arena::used() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+namespace {
+
+const char* kind_name(orMemcpyKind kind) {
+  switch (kind) {
+    case orMemcpyHostToHost: return "HostToHost";
+    case orMemcpyHostToDevice: return "HostToDevice";
+    case orMemcpyDeviceToHost: return "DeviceToHost";
+    case orMemcpyDeviceToDevice: return "DeviceToDevice";
+  }
+  return "?";
+}
+
+// Checks that [ptr, ptr+count) is inside one live allocation of some device.
+orError_t check_device_range(const char* call, const char* argument,
+                             const void* ptr, size_t count, Device** owner) {
+  Device* d = device_owning(ptr);
+  void* base;
+  size_t size;
+  if (!d || !d->arena.find(ptr, count, &base, &size)) {
+    return fail(orErrorInvalidPointer,
+                "%s: %s=%p (%zu bytes) is not inside a live OpenReg device "
+                "allocation", call, argument, ptr, count);
+  }
+  *owner = d;
+  return orSuccess;
+}
+
+orError_t check_host_pointer(const char* call, const char* argument,
+                             const void* ptr, orMemcpyKind kind) {
+  if (device_owning(ptr)) {
+    return fail(orErrorInvalidPointer,
+                "%s: %s=%p is device memory but kind=%s expects host memory",
+                call, argument, ptr, kind_name(kind));
+  }
+  return orSuccess;
+}
+
+// Validates a copy and returns the stream's device role. `stream_device` is
+// the device whose stream will run the copy.
+orError_t check_copy(const char* call, void* dst, const void* src, size_t count,
+                     orMemcpyKind kind, int* stream_device) {
+  const int kind_value = static_cast<int>(kind);
+  if (kind_value < orMemcpyHostToHost || kind_value > orMemcpyDeviceToDevice) {
+    return fail(orErrorInvalidValue, "%s: kind=%d is invalid: expected one of "
+                "orMemcpyHostToHost(0), HostToDevice(1), DeviceToHost(2), "
+                "DeviceToDevice(3)", call, kind_value);
+  }
+  if (count == 0) return orSuccess;
+  if (!dst || !src) {
+    return fail(orErrorInvalidValue, "%s: dst and src must not be null "
+                "(dst=%p, src=%p)", call, dst, src);
+  }
+  Device* dst_dev = nullptr;
+  Device* src_dev = nullptr;
+  switch (kind) {
+    case orMemcpyHostToHost:
+      if (orError_t e = check_host_pointer(call, "dst", dst, kind)) return e;
+      if (orError_t e = check_host_pointer(call, "src", src, kind)) return e;
+      *stream_device = -1;
+      return orSuccess;
+    case orMemcpyHostToDevice:
+      if (orError_t e = check_device_range(call, "dst", dst, count, &dst_dev)) return e;
+      if (orError_t e = check_host_pointer(call, "src", src, kind)) return e;
+      *stream_device = dst_dev->index;
+      return orSuccess;
+    case orMemcpyDeviceToHost:
+      if (orError_t e = check_device_range(call, "src", src, count, &src_dev)) return e;
+      if (orError_t e = check_host_pointer(call, "dst", dst, kind)) return e;
+      *stream_device = src_dev->index;
+      return orSuccess;
+    case orMemcpyDeviceToDevice:
+      if (orError_t e = check_device_range(call, "dst", dst, count, &dst_dev)) return e;
+      if (orError_t e = check_device_range(call, "src", src, count, &src_dev)) return e;
+      *stream_device = dst_dev->index;  // either side may run a peer copy
+      return orSuccess;
+  }
+  return orSuccess;  // unreachable: the kind was checked above
+}
+
+// Accessible address for either side of a copy, evaluated on the worker.
+void* accessible(const void* ptr) {
+  Device* d = device_owning(ptr);
+  return d ? d->arena.kernel_alias(ptr) : const_cast<void*>(ptr);
+}
+
+}  // namespace
+
+}  // namespace openreg::runtime
+
+using namespace openreg::runtime;
+
+extern "C" {
+
+orError_t orMalloc(void** ptr, size_t size) {
+  if (!ptr) return fail(orErrorInvalidValue, "orMalloc: ptr is null");
+  *ptr = nullptr;
+  int device = 0;
+  if (orError_t e = current_device("orMalloc", &device)) return e;
+  Device* d = nullptr;
+  if (orError_t e = get_device("orMalloc", device, &d)) return e;
+  if (size == 0) return orSuccess;
+  void* p = size <= d->arena.capacity() ? d->arena.allocate(size) : nullptr;
+  if (!p) {
+    size_t used = d->arena.used();
+    return fail(orErrorMemoryAllocation,
+                "orMalloc: out of memory on device %d: tried to allocate %zu "
+                "bytes; %zu of %zu bytes are free (capacity set by "
+                "OPENREG_DEVICE_MEMORY)", device, size,
+                d->arena.capacity() - used, d->arena.capacity());
+  }
+  g_mallocs.fetch_add(1, std::memory_order_relaxed);
+  *ptr = p;
+  return orSuccess;
+}
+
+orError_t orFree(void* ptr) {
+  if (!ptr) return orSuccess;
+  if (orError_t e = check_not_forked("orFree")) return e;
+  Device* d = device_owning(ptr);
+  if (!d || !d->arena.release(ptr)) {
+    return fail(orErrorInvalidPointer,
+                "orFree: ptr=%p is not the start of a live OpenReg device "
+                "allocation (already freed, interior or host pointer?)", ptr);
+  }
+  g_frees.fetch_add(1, std::memory_order_relaxed);
+  return orSuccess;
+}
+
+orError_t orMallocHost(void** ptr, size_t size) {
+  if (!ptr) return fail(orErrorInvalidValue, "orMallocHost: ptr is null");
+  *ptr = nullptr;
+  if (orError_t e = check_not_forked("orMallocHost")) return e;
+  if (size == 0) return orSuccess;
+  void* p = mmap(nullptr, round_up(size, kPage), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return fail(orErrorMemoryAllocation, "orMallocHost: cannot allocate %zu "
+                "bytes of pinned host memory: %s", size, std::strerror(errno));
+  }
+  auto& r = host_registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.allocations.emplace(reinterpret_cast<uintptr_t>(p), size);
+  }
+  *ptr = p;
+  return orSuccess;
+}
+
+orError_t orFreeHost(void* ptr) {
+  if (!ptr) return orSuccess;
+  auto& r = host_registry();
+  size_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == r.allocations.end()) {
+      return fail(orErrorInvalidPointer,
+                  "orFreeHost: ptr=%p is not the start of a live pinned host "
+                  "allocation", ptr);
+    }
+    size = it->second;
+    r.allocations.erase(it);
+  }
+  munmap(ptr, round_up(size, kPage));
+  return orSuccess;
+}
+
+orError_t orPointerGetAttributes(orPointerAttributes* attributes,
+                                 const void* ptr) {
+  if (!attributes) {
+    return fail(orErrorInvalidValue, "orPointerGetAttributes: attributes is null");
+  }
+  *attributes = {orMemoryTypeUnregistered, -1, nullptr, 0};
+  void* base = nullptr;
+  size_t size = 0;
+  if (Device* d = device_owning(ptr)) {
+    if (d->arena.find(ptr, 1, &base, &size)) {
+      *attributes = {orMemoryTypeDevice, d->index, base, size};
+    }
+    return orSuccess;
+  }
+  if (find_host(ptr, &base, &size)) {
+    *attributes = {orMemoryTypeHost, -1, base, size};
+  }
+  return orSuccess;
+}
+
+orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
+                        orMemcpyKind kind, orStream_t stream) {
+  const char* call = "orMemcpyAsync";
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  int copy_device = -1;
+  if (orError_t e = check_copy(call, dst, src, count, kind, &copy_device)) return e;
+  if (count == 0) return orSuccess;
+  if (kind == orMemcpyDeviceToDevice) {
+    // A peer copy may run on either side's stream.
+    Device* src_dev = device_owning(src);
+    if (s->device != copy_device && s->device != src_dev->index) {
+      return fail(orErrorDeviceMismatch,
+                  "%s: stream of device %d cannot copy from device %d to "
+                  "device %d; use a stream of either device", call, s->device,
+                  src_dev->index, copy_device);
+    }
+  } else if (copy_device >= 0 && s->device != copy_device) {
+    return fail(orErrorDeviceMismatch,
+                "%s: the device memory belongs to device %d but the stream "
+                "belongs to device %d", call, copy_device, s->device);
+  }
+  s->enqueue({[dst, src, count]() {
+                std::memmove(accessible(dst), accessible(src), count);
+                return orSuccess;
+              },
+              nullptr});
+  return orSuccess;
+}
+
+orError_t orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
+  const char* call = "orMemcpy";
+  int copy_device = -1;
+  if (orError_t e = check_copy(call, dst, src, count, kind, &copy_device)) return e;
+  if (count == 0) return orSuccess;
+  if (copy_device < 0) {  // host to host
+    std::memmove(dst, src, count);
+    return orSuccess;
+  }
+  if (orError_t e = check_not_forked(call)) return e;
+  orStream_t stream = nullptr;
+  if (orError_t e = orStreamGetDefault(copy_device, &stream)) return e;
+  if (orError_t e = orMemcpyAsync(dst, src, count, kind, stream)) return e;
+  return orStreamSynchronize(stream);
+}
+
+orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {
+  const char* call = "orMemsetAsync";
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (count == 0) return orSuccess;
+  Device* d = nullptr;
+  if (orError_t e = check_device_range(call, "dst", dst, count, &d)) return e;
+  if (d->index != s->device) {
+    return fail(orErrorDeviceMismatch, "%s: dst belongs to device %d but the "
+                "stream belongs to device %d", call, d->index, s->device);
+  }
+  void* alias = d->arena.kernel_alias(dst);
+  s->enqueue({[alias, value, count]() {
+                std::memset(alias, value, count);
+                return orSuccess;
+              },
+              nullptr});
+  return orSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,517 @@
+// Streams (one worker thread each), kernels and events.
+#include "internal.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+namespace openreg::runtime {
+
+namespace {
+
+// Set on worker threads while a task runs: the device whose memory it may map.
+thread_local int tls_kernel_device = -1;
+thread_local std::string* tls_kernel_error = nullptr;
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_set<const orStream*> streams;
+  std::unordered_set<const orEvent*> events;
+};
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: workers may outlive statics
+  return *r;
+}
+
+bool live(const orStream* s) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.streams.count(s) != 0;
+}
+
+bool live(const orEvent* e) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.events.count(e) != 0;
+}
+
+void name_thread(std::thread& t, int device, const void* stream, bool is_default) {
+  char name[16];
+  std::snprintf(name, sizeof(name), is_default ? "openreg%d-dflt" : "openreg%d-%04x",
+                device, static_cast<unsigned>(reinterpret_cast<uintptr_t>(stream) >> 4) & 0xffff);
+  pthread_setname_np(t.native_handle(), name);
+}
+
+}  // namespace
+
+orStream* new_stream(int device, int priority, bool is_default) {
+  auto* s = new orStream();
+  s->device = device;
+  s->priority = priority;
+  s->is_default = is_default;
+  s->worker = std::thread([s] { s->run(); });
+  name_thread(s->worker, device, s, is_default);
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.streams.insert(s);
+  return s;
+}
+
+orError_t resolve_stream(const char* call, orStream_t stream, orStream** out) {
+  if (orError_t e = check_not_forked(call)) return e;
+  if (!stream) {
+    int device = 0;
+    if (orError_t e = current_device(call, &device)) return e;
+    Device* d = nullptr;
+    if (orError_t e = get_device(call, device, &d)) return e;
+    *out = d->default_stream;
+    return orSuccess;
+  }
+  if (!live(stream)) {
+    return fail(orErrorInvalidHandle, "%s: stream=%p is not a live OpenReg "
+                "stream (destroyed or never created)", call,
+                static_cast<void*>(stream));
+  }
+  *out = stream;
+  return orSuccess;
+}
+
+}  // namespace openreg::runtime
+
+using namespace openreg::runtime;
+
+uint64_t orStream::enqueue(Task task) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    queue.push_back(std::move(task));
+    seq = ++submitted;
+  }
+  work_ready.notify_one();
+  return seq;
+}
+
+bool orStream::reached(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex);
+  return completed >= seq;
+}
+
+void orStream::wait_for(uint64_t seq) {
+  std::unique_lock<std::mutex> lock(mutex);
+  work_done.wait(lock, [&] { return completed >= seq; });
+}
+
+void orStream::run() {
+  tls_kernel_device = device;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      work_ready.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // stopping and drained
+      task = std::move(queue.front());
+      queue.pop_front();
+    }
+    std::string error;
+    if (task.work) {
+      tls_kernel_error = &error;
+      clear_last_error();
+      orError_t result;
+      try {
+        result = task.work();
+      } catch (const std::exception& e) {
+        error = e.what();
+        result = orErrorKernelFailed;
+      } catch (...) {
+        error = "unknown exception";
+        result = orErrorKernelFailed;
+      }
+      tls_kernel_error = nullptr;
+      if (result == orSuccess) {
+        error.clear();  // orKernelSetError alone does not fail a kernel
+      } else if (error.empty()) {
+        // A runtime call made by the kernel explains the failure best.
+        error = orGetLastErrorMessage();
+        if (error.empty()) error = std::string("kernel returned ") + orGetErrorName(result);
+      }
+    }
+    if (task.marker) {
+      task.marker->time = std::chrono::steady_clock::now();
+      task.marker->done.store(true, std::memory_order_release);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++completed;
+      if (!error.empty() && kernel_error.empty()) kernel_error = std::move(error);
+    }
+    work_done.notify_all();
+  }
+}
+
+namespace {
+
+// Returns (and clears) the sticky kernel error of `s`, if any.
+orError_t take_kernel_error(const char* call, orStream* s) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    error.swap(s->kernel_error);
+  }
+  if (error.empty()) return orSuccess;
+  return fail(orErrorKernelFailed, "%s: a kernel on a stream of device %d "
+              "failed: %s", call, s->device, error.c_str());
+}
+
+orError_t create_stream(orStream_t* stream, int priority, const char* call) {
+  if (!stream) return fail(orErrorInvalidValue, "%s: stream is null", call);
+  *stream = nullptr;
+  int least = 0, greatest = 0;
+  orDeviceGetStreamPriorityRange(&least, &greatest);
+  if (priority > least || priority < greatest) {
+    return fail(orErrorInvalidValue, "%s: priority=%d is out of range: valid "
+                "priorities are [%d, %d] (lower is more urgent)", call,
+                priority, greatest, least);
+  }
+  int device = 0;
+  if (orError_t e = current_device(call, &device)) return e;
+  Device* d = nullptr;
+  if (orError_t e = get_device(call, device, &d)) return e;
+  orStream* s = new_stream(device, priority, /*is_default=*/false);
+  {
+    std::lock_guard<std::mutex> lock(d->streams_mutex);
+    d->streams.push_back(s);
+  }
+  *stream = s;
+  return orSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orStreamCreate(orStream_t* stream) {
+  return create_stream(stream, 0, "orStreamCreate");
+}
+
+orError_t orStreamCreateWithPriority(orStream_t* stream, int priority) {
+  return create_stream(stream, priority, "orStreamCreateWithPriority");
+}
+
+orError_t orStreamDestroy(orStream_t stream) {
+  const char* call = "orStreamDestroy";
+  if (!stream) {
+    return fail(orErrorInvalidHandle, "%s: stream is null (default streams "
+                "cannot be destroyed)", call);
+  }
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (s->is_default) {
+    return fail(orErrorNotPermitted, "%s: the default stream of device %d "
+                "cannot be destroyed", call, s->device);
+  }
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (!r.streams.erase(s)) {
+      return fail(orErrorInvalidHandle, "%s: stream destroyed twice", call);
+    }
+  }
+  Device* d = device_if_initialized(s->device);
+  {
+    std::lock_guard<std::mutex> lock(d->streams_mutex);
+    d->streams.erase(std::remove(d->streams.begin(), d->streams.end(), s),
+                     d->streams.end());
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    s->stopping = true;
+  }
+  s->work_ready.notify_all();
+  s->worker.join();  // drains queued work first
+  // The object itself is never freed: waits on other streams may still read
+  // its counters. It costs a few hundred bytes per destroyed stream.
+  s->magic.store(0);
+  return orSuccess;
+}
+
+orError_t orStreamGetDefault(int device, orStream_t* stream) {
+  if (!stream) return fail(orErrorInvalidValue, "orStreamGetDefault: stream is null");
+  Device* d = nullptr;
+  if (orError_t e = get_device("orStreamGetDefault", device, &d)) return e;
+  *stream = d->default_stream;
+  return orSuccess;
+}
+
+orError_t orStreamGetDevice(orStream_t stream, int* device) {
+  if (!device) return fail(orErrorInvalidValue, "orStreamGetDevice: device is null");
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream("orStreamGetDevice", stream, &s)) return e;
+  *device = s->device;
+  return orSuccess;
+}
+
+orError_t orStreamGetPriority(orStream_t stream, int* priority) {
+  if (!priority) {
+    return fail(orErrorInvalidValue, "orStreamGetPriority: priority is null");
+  }
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream("orStreamGetPriority", stream, &s)) return e;
+  *priority = s->priority;
+  return orSuccess;
+}
+
+orError_t orStreamQuery(orStream_t stream) {
+  const char* call = "orStreamQuery";
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  bool done;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    done = s->completed == s->submitted;
+  }
+  if (!done) return orErrorNotReady;
+  return take_kernel_error(call, s);
+}
+
+orError_t orStreamSynchronize(orStream_t stream) {
+  const char* call = "orStreamSynchronize";
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (tls_kernel_device >= 0) {
+    return fail(orErrorNotPermitted, "%s: kernels may not synchronize streams", call);
+  }
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    target = s->submitted;
+  }
+  s->wait_for(target);
+  return take_kernel_error(call, s);
+}
+
+orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
+  const char* call = "orLaunchKernel";
+  if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  g_kernels.fetch_add(1, std::memory_order_relaxed);
+  s->enqueue({[fn, arg]() { return fn(arg); }, nullptr});
+  return orSuccess;
+}
+
+orError_t orKernelMapPointer(const void* device_ptr, size_t count,
+                             void** accessible) {
+  const char* call = "orKernelMapPointer";
+  if (!accessible) return fail(orErrorInvalidValue, "%s: accessible is null", call);
+  *accessible = nullptr;
+  if (tls_kernel_device < 0) {
+    return fail(orErrorNotPermitted, "%s: only kernels running on an OpenReg "
+                "stream may access device memory; the host must copy it with "
+                "orMemcpy", call);
+  }
+  Device* d = device_owning(device_ptr);
+  if (!d) {
+    return fail(orErrorInvalidPointer, "%s: device_ptr=%p is not OpenReg "
+                "device memory", call, device_ptr);
+  }
+  if (d->index != tls_kernel_device) {
+    return fail(orErrorDeviceMismatch, "%s: a kernel on device %d may not "
+                "access memory of device %d; copy it first", call,
+                tls_kernel_device, d->index);
+  }
+  void* base;
+  size_t size;
+  if (!d->arena.find(device_ptr, count, &base, &size)) {
+    return fail(orErrorInvalidPointer, "%s: [%p, +%zu bytes) is not inside a "
+                "live allocation of device %d", call, device_ptr, count, d->index);
+  }
+  *accessible = d->arena.kernel_alias(device_ptr);
+  return orSuccess;
+}
+
+int orKernelCurrentDevice(void) { return tls_kernel_device; }
+
+void orKernelSetError(const char* message) {
+  if (tls_kernel_error && message) *tls_kernel_error = message;
+}
+
+}  // extern "C"
+
+namespace {
+
+orError_t create_event(orEvent_t* event, unsigned flags, const char* call) {
+  if (!event) return fail(orErrorInvalidValue, "%s: event is null", call);
+  *event = nullptr;
+  if (flags & ~static_cast<unsigned>(orEventDisableTiming)) {
+    return fail(orErrorInvalidValue, "%s: flags=0x%x has unknown bits: valid "
+                "flags are orEventDefault(0x0) and orEventDisableTiming(0x2)",
+                call, flags);
+  }
+  int device = 0;
+  if (orError_t e = current_device(call, &device)) return e;
+  Device* d = nullptr;
+  if (orError_t e = get_device(call, device, &d)) return e;
+  auto* e = new orEvent();
+  e->device = device;
+  e->timing = !(flags & orEventDisableTiming);
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.events.insert(e);
+  }
+  *event = e;
+  return orSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orEventCreate(orEvent_t* event) {
+  return create_event(event, orEventDefault, "orEventCreate");
+}
+
+orError_t orEventCreateWithFlags(orEvent_t* event, unsigned flags) {
+  return create_event(event, flags, "orEventCreateWithFlags");
+}
+
+orError_t orEventDestroy(orEvent_t event) {
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (!event || !r.events.erase(event)) {
+      return fail(orErrorInvalidHandle, "orEventDestroy: event=%p is not a "
+                  "live OpenReg event", static_cast<void*>(event));
+    }
+  }
+  // Pending markers hold their own reference; the event can go now.
+  delete event;
+  return orSuccess;
+}
+
+orError_t orEventGetDevice(orEvent_t event, int* device) {
+  if (!device) return fail(orErrorInvalidValue, "orEventGetDevice: device is null");
+  if (!live(event)) {
+    return fail(orErrorInvalidHandle, "orEventGetDevice: event=%p is not a live "
+                "OpenReg event", static_cast<void*>(event));
+  }
+  *device = event->device;
+  return orSuccess;
+}
+
+orError_t orEventRecord(orEvent_t event, orStream_t stream) {
+  const char* call = "orEventRecord";
+  if (!live(event)) {
+    return fail(orErrorInvalidHandle, "%s: event=%p is not a live OpenReg event",
+                call, static_cast<void*>(event));
+  }
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (s->device != event->device) {
+    return fail(orErrorDeviceMismatch, "%s: the event belongs to device %d but "
+                "the stream belongs to device %d", call, event->device, s->device);
+  }
+  auto marker = std::make_shared<Marker>();
+  std::lock_guard<std::mutex> lock(event->mutex);
+  event->seq = s->enqueue({{}, marker});
+  event->stream = s;
+  event->marker = std::move(marker);
+  return orSuccess;
+}
+
+orError_t orEventQuery(orEvent_t event) {
+  if (!live(event)) {
+    return fail(orErrorInvalidHandle, "orEventQuery: event=%p is not a live "
+                "OpenReg event", static_cast<void*>(event));
+  }
+  std::lock_guard<std::mutex> lock(event->mutex);
+  if (!event->stream) return orSuccess;
+  return event->marker->done.load(std::memory_order_acquire) ? orSuccess
+                                                             : orErrorNotReady;
+}
+
+orError_t orEventSynchronize(orEvent_t event) {
+  if (!live(event)) {
+    return fail(orErrorInvalidHandle, "orEventSynchronize: event=%p is not a "
+                "live OpenReg event", static_cast<void*>(event));
+  }
+  orStream* s;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    s = event->stream;
+    seq = event->seq;
+  }
+  if (s) s->wait_for(seq);
+  return orSuccess;
+}
+
+orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
+  const char* call = "orStreamWaitEvent";
+  if (!live(event)) {
+    return fail(orErrorInvalidHandle, "%s: event=%p is not a live OpenReg event",
+                call, static_cast<void*>(event));
+  }
+  orStream* s = nullptr;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  orStream* producer;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    producer = event->stream;
+    seq = event->seq;
+  }
+  if (!producer || producer == s) return orSuccess;  // FIFO already orders it
+  // Waits only reference work submitted before this call, so waits between
+  // streams can never form a cycle.
+  s->enqueue({[producer, seq]() {
+                producer->wait_for(seq);
+                return orSuccess;
+              },
+              nullptr});
+  return orSuccess;
+}
+
+orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
+  const char* call = "orEventElapsedTime";
+  if (!ms) return fail(orErrorInvalidValue, "%s: ms is null", call);
+  if (!live(start) || !live(end)) {
+    return fail(orErrorInvalidHandle, "%s: start and end must be live OpenReg "
+                "events", call);
+  }
+  if (!start->timing || !end->timing) {
+    return fail(orErrorInvalidValue, "%s: both events must be created with "
+                "timing enabled (without orEventDisableTiming)", call);
+  }
+  if (start->device != end->device) {
+    return fail(orErrorDeviceMismatch, "%s: start belongs to device %d and end "
+                "to device %d; both must be on one device", call, start->device,
+                end->device);
+  }
+  std::shared_ptr<Marker> a, b;
+  {
+    std::lock_guard<std::mutex> lock(start->mutex);
+    a = start->marker;
+  }
+  {
+    std::lock_guard<std::mutex> lock(end->mutex);
+    b = end->marker;
+  }
+  if (!a || !b) {
+    return fail(orErrorInvalidValue, "%s: both events must be recorded before "
+                "measuring the time between them", call);
+  }
+  if (!a->done.load(std::memory_order_acquire) ||
+      !b->done.load(std::memory_order_acquire)) {
+    return fail(orErrorNotReady, "%s: the work captured by the events has not "
+                "completed; synchronize first", call);
+  }
+  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  return orSuccess;
+}
+
+}  // extern "C"

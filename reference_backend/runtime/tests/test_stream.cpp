@@ -1,0 +1,847 @@
+// Streams and kernels: creation, priorities, default streams, destruction,
+// query/synchronize, launch order, kernels mapping device memory, sticky kernel
+// failures, cross-stream ordering with orStreamWaitEvent, and a stress test of
+// many threads using the runtime at once.
+#include "test_helpers.h"
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <future>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace openreg_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+orStream_t NewStream(int priority = 0) {
+  orStream_t stream = nullptr;
+  const orError_t result = orStreamCreateWithPriority(&stream, priority);
+  EXPECT_EQ(result, orSuccess) << orGetLastErrorMessage();
+  return stream;
+}
+
+orStream_t DestroyedStream() {
+  orStream_t stream = NewStream();
+  const orError_t result = orStreamDestroy(stream);
+  EXPECT_EQ(result, orSuccess) << orGetLastErrorMessage();
+  return stream;
+}
+
+// An address that was never a stream: the runtime must not dereference it.
+orStream_t UnknownStream() {
+  static int not_a_stream = 0;
+  return reinterpret_cast<orStream_t>(&not_a_stream);
+}
+
+// Writes `value` into device memory from a kernel on `stream`.
+orError_t StoreFromKernel(orStream_t stream, void* device_ptr, int value) {
+  return LaunchFn(stream, [device_ptr, value] {
+    void* alias = nullptr;
+    if (orError_t e = orKernelMapPointer(device_ptr, sizeof(int), &alias)) return e;
+    *static_cast<int*>(alias) = value;
+    return orSuccess;
+  });
+}
+
+int ReadInt(const void* device_ptr) {
+  int value = 0;
+  const orError_t result =
+      orMemcpy(&value, device_ptr, sizeof(int), orMemcpyDeviceToHost);
+  EXPECT_EQ(result, orSuccess) << orGetLastErrorMessage();
+  return value;
+}
+
+// ------------------------------------------------------------------ create
+
+class StreamCreateTest : public RuntimeTest {};
+
+TEST_F(StreamCreateTest, RejectsNullOutput) {
+  EXPECT_FAILS(orStreamCreate(nullptr), orErrorInvalidValue, "orStreamCreate",
+               "stream");
+  EXPECT_FAILS(orStreamCreateWithPriority(nullptr, 0), orErrorInvalidValue,
+               "orStreamCreateWithPriority", "stream");
+}
+
+TEST_F(StreamCreateTest, BelongsToTheCurrentDeviceWithTheDefaultPriority) {
+  for (int device = 0; device < DeviceCount() && device < 2; ++device) {
+    ASSERT_OK(orSetDevice(device));
+    orStream_t stream = nullptr;
+    ASSERT_OK(orStreamCreate(&stream));
+    ASSERT_NE(stream, nullptr);
+    int stream_device = -1, priority = 7;
+    EXPECT_OK(orStreamGetDevice(stream, &stream_device));
+    EXPECT_OK(orStreamGetPriority(stream, &priority));
+    EXPECT_EQ(stream_device, device);
+    EXPECT_EQ(priority, 0);
+    EXPECT_EQ(orStreamQuery(stream), orSuccess);
+    EXPECT_OK(orStreamDestroy(stream));
+  }
+}
+
+TEST_F(StreamCreateTest, AcceptsEveryPriorityInTheRange) {
+  int least = 0, greatest = 0;
+  ASSERT_OK(orDeviceGetStreamPriorityRange(&least, &greatest));
+  for (int priority = greatest; priority <= least; ++priority) {
+    orStream_t stream = nullptr;
+    ASSERT_OK(orStreamCreateWithPriority(&stream, priority));
+    int reported = 99;
+    EXPECT_OK(orStreamGetPriority(stream, &reported));
+    EXPECT_EQ(reported, priority);
+    EXPECT_OK(orStreamDestroy(stream));
+  }
+}
+
+TEST_F(StreamCreateTest, RejectsPrioritiesOutsideTheRange) {
+  for (int bad : {1, -2, INT_MAX, INT_MIN}) {
+    orStream_t stream = nullptr;
+    EXPECT_FAILS(orStreamCreateWithPriority(&stream, bad), orErrorInvalidValue,
+                 "orStreamCreateWithPriority", "priority=" + std::to_string(bad),
+                 "[-1, 0]");
+    EXPECT_EQ(stream, nullptr);
+  }
+}
+
+TEST_F(StreamCreateTest, StreamsRunIndependently) {
+  orStream_t blocked = NewStream(), free_stream = NewStream(-1);
+  Gate gate;
+  ASSERT_OK(gate.Block(blocked));
+  std::atomic<bool> ran{false};
+  ASSERT_OK(LaunchFn(free_stream, [&ran] {
+    ran.store(true);
+    return orSuccess;
+  }));
+  auto sync = std::async(std::launch::async,
+                         [&] { return orStreamSynchronize(free_stream); });
+  const bool finished = sync.wait_for(5s) == std::future_status::ready;
+  EXPECT_EQ(orStreamQuery(blocked), orErrorNotReady);
+  gate.Open();
+  EXPECT_TRUE(finished) << "one stream waited for another";
+  EXPECT_EQ(sync.get(), orSuccess);
+  EXPECT_TRUE(ran.load());
+  EXPECT_OK(orStreamDestroy(blocked));
+  EXPECT_OK(orStreamDestroy(free_stream));
+}
+
+// ----------------------------------------------------------------- destroy
+
+class StreamDestroyTest : public RuntimeTest {};
+
+TEST_F(StreamDestroyTest, RejectsNullAndDefaultStreams) {
+  EXPECT_FAILS(orStreamDestroy(nullptr), orErrorInvalidHandle, "orStreamDestroy",
+               "stream", "default");
+  for (int device = 0; device < DeviceCount() && device < 2; ++device) {
+    orStream_t default_stream = nullptr;
+    ASSERT_OK(orStreamGetDefault(device, &default_stream));
+    EXPECT_FAILS(orStreamDestroy(default_stream), orErrorNotPermitted,
+                 "orStreamDestroy", "default stream",
+                 "device " + std::to_string(device));
+    // Still alive and working.
+    std::atomic<bool> ran{false};
+    ASSERT_OK(LaunchFn(default_stream, [&ran] {
+      ran.store(true);
+      return orSuccess;
+    }));
+    EXPECT_OK(orStreamSynchronize(default_stream));
+    EXPECT_TRUE(ran.load());
+  }
+}
+
+TEST_F(StreamDestroyTest, RejectsDestroyedAndUnknownHandles) {
+  orStream_t destroyed = DestroyedStream();
+  EXPECT_FAILS(orStreamDestroy(destroyed), orErrorInvalidHandle, "orStreamDestroy",
+               "stream=");
+  EXPECT_FAILS(orStreamDestroy(UnknownStream()), orErrorInvalidHandle,
+               "orStreamDestroy", "stream=");
+}
+
+TEST_F(StreamDestroyTest, FinishesQueuedWorkFirst) {
+  orStream_t stream = NewStream();
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(LaunchFn(stream, [&ran] {
+      ran.fetch_add(1);
+      return orSuccess;
+    }));
+  }
+  // Opening later makes a destroy that drops or skips work visible.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(30ms);
+    gate.Open();
+  });
+  EXPECT_OK(orStreamDestroy(stream));
+  EXPECT_EQ(ran.load(), 3);
+  opener.join();
+}
+
+TEST_F(StreamDestroyTest, DestroyedHandlesAreRejectedByEveryStreamCall) {
+  orStream_t destroyed = DestroyedStream();
+  int value = 0;
+  orEvent_t event = nullptr;
+  ASSERT_OK(orEventCreate(&event));
+  EXPECT_FAILS(orStreamQuery(destroyed), orErrorInvalidHandle, "orStreamQuery",
+               "stream=");
+  EXPECT_FAILS(orStreamSynchronize(destroyed), orErrorInvalidHandle,
+               "orStreamSynchronize", "stream=");
+  EXPECT_FAILS(orStreamGetDevice(destroyed, &value), orErrorInvalidHandle,
+               "orStreamGetDevice", "stream=");
+  EXPECT_FAILS(orStreamGetPriority(destroyed, &value), orErrorInvalidHandle,
+               "orStreamGetPriority", "stream=");
+  EXPECT_FAILS(orLaunchKernel(destroyed, [](void*) { return orSuccess; }, nullptr),
+               orErrorInvalidHandle, "orLaunchKernel", "stream=");
+  EXPECT_FAILS(orStreamWaitEvent(destroyed, event), orErrorInvalidHandle,
+               "orStreamWaitEvent", "stream=");
+  EXPECT_FAILS(orEventRecord(event, destroyed), orErrorInvalidHandle,
+               "orEventRecord", "stream=");
+  EXPECT_EQ(orEventQuery(event), orSuccess);  // the failed record left it unrecorded
+  EXPECT_OK(orEventDestroy(event));
+}
+
+// ------------------------------------------------------- default / getters
+
+class DefaultStreamTest : public RuntimeTest {};
+
+TEST_F(DefaultStreamTest, RejectsNullOutputAndBadDevices) {
+  EXPECT_FAILS(orStreamGetDefault(0, nullptr), orErrorInvalidValue,
+               "orStreamGetDefault", "stream");
+  for (int bad : InvalidDeviceIndexes()) {
+    orStream_t stream = nullptr;
+    EXPECT_FAILS(orStreamGetDefault(bad, &stream), orErrorInvalidDevice,
+                 "orStreamGetDefault", DeviceArg(bad), ValidDeviceRange());
+  }
+}
+
+TEST_F(DefaultStreamTest, IsOnePerDeviceAndStable) {
+  std::vector<orStream_t> defaults;
+  for (int device = 0; device < DeviceCount() && device < 3; ++device) {
+    orStream_t first = nullptr, second = nullptr;
+    ASSERT_OK(orStreamGetDefault(device, &first));
+    ASSERT_OK(orStreamGetDefault(device, &second));
+    EXPECT_EQ(first, second);
+    int stream_device = -1, priority = 7;
+    EXPECT_OK(orStreamGetDevice(first, &stream_device));
+    EXPECT_OK(orStreamGetPriority(first, &priority));
+    EXPECT_EQ(stream_device, device);
+    EXPECT_EQ(priority, 0);
+    for (orStream_t other : defaults) EXPECT_NE(other, first);
+    defaults.push_back(first);
+  }
+  // Another thread sees the same default streams.
+  orStream_t from_thread = nullptr;
+  std::thread([&] { orStreamGetDefault(0, &from_thread); }).join();
+  EXPECT_EQ(from_thread, defaults[0]);
+}
+
+TEST_F(DefaultStreamTest, NullStreamMeansTheCurrentDevicesDefault) {
+  for (int device = 0; device < DeviceCount() && device < 2; ++device) {
+    ASSERT_OK(orSetDevice(device));
+    int stream_device = -1, priority = 7;
+    EXPECT_OK(orStreamGetDevice(nullptr, &stream_device));
+    EXPECT_OK(orStreamGetPriority(nullptr, &priority));
+    EXPECT_EQ(stream_device, device);
+    EXPECT_EQ(priority, 0);
+    std::atomic<int> ran_on{-2};
+    ASSERT_OK(LaunchFn(nullptr, [&ran_on] {
+      ran_on.store(orKernelCurrentDevice());
+      return orSuccess;
+    }));
+    orStream_t default_stream = nullptr;
+    ASSERT_OK(orStreamGetDefault(device, &default_stream));
+    EXPECT_OK(orStreamSynchronize(default_stream));
+    EXPECT_EQ(ran_on.load(), device);
+    EXPECT_EQ(orStreamQuery(nullptr), orSuccess);
+  }
+}
+
+TEST(StreamGettersTest, RejectNullOutputsAndUnknownHandles) {
+  orStream_t stream = NewStream();
+  EXPECT_FAILS(orStreamGetDevice(stream, nullptr), orErrorInvalidValue,
+               "orStreamGetDevice", "device");
+  EXPECT_FAILS(orStreamGetPriority(stream, nullptr), orErrorInvalidValue,
+               "orStreamGetPriority", "priority");
+  int value = 0;
+  EXPECT_FAILS(orStreamGetDevice(UnknownStream(), &value), orErrorInvalidHandle,
+               "orStreamGetDevice", "stream=");
+  EXPECT_FAILS(orStreamGetPriority(UnknownStream(), &value), orErrorInvalidHandle,
+               "orStreamGetPriority", "stream=");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+// ------------------------------------------------------ query / synchronize
+
+TEST(StreamQueryTest, ReportsPendingWorkUntilItCompletes) {
+  orStream_t stream = NewStream();
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));
+  EXPECT_EQ(orStreamQuery(stream), orErrorNotReady);
+  EXPECT_EQ(orStreamQuery(stream), orErrorNotReady);
+  gate.Open();
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  EXPECT_FAILS(orStreamQuery(UnknownStream()), orErrorInvalidHandle, "orStreamQuery",
+               "stream=");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(StreamSynchronizeTest, WaitsForEveryLaunchedKernel) {
+  orStream_t stream = NewStream();
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK(LaunchFn(stream, [&ran] {
+      ran.fetch_add(1);
+      return orSuccess;
+    }));
+  }
+  std::thread opener([&] {
+    std::this_thread::sleep_for(30ms);
+    gate.Open();
+  });
+  EXPECT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(ran.load(), 20);
+  opener.join();
+  EXPECT_FAILS(orStreamSynchronize(UnknownStream()), orErrorInvalidHandle,
+               "orStreamSynchronize", "stream=");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(StreamSynchronizeTest, IsNotPermittedInsideAKernel) {
+  orStream_t stream = NewStream(), other = NewStream();
+  CallOutcome on_other{}, on_default{};
+  ASSERT_OK(LaunchFn(stream, [&] {
+    on_other = CaptureCall([&] { return orStreamSynchronize(other); });
+    on_default = CaptureCall([] { return orStreamSynchronize(nullptr); });
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(stream));  // the kernel itself succeeded
+  EXPECT_TRUE(FailedWith(on_other, orErrorNotPermitted,
+                         {"orStreamSynchronize", "kernels"}));
+  EXPECT_TRUE(FailedWith(on_default, orErrorNotPermitted,
+                         {"orStreamSynchronize", "kernels"}));
+  EXPECT_OK(orStreamDestroy(stream));
+  EXPECT_OK(orStreamDestroy(other));
+}
+
+// ------------------------------------------------------------------ kernels
+
+TEST(LaunchKernelTest, RejectsNullFunction) {
+  orDebugCounters before{}, after{};
+  orGetDebugCounters(&before);
+  EXPECT_FAILS(orLaunchKernel(nullptr, nullptr, nullptr), orErrorInvalidValue,
+               "orLaunchKernel", "fn");
+  orGetDebugCounters(&after);
+  EXPECT_EQ(after.kernels_launched, before.kernels_launched);
+}
+
+struct KernelProbe {
+  int argument = 0;
+  std::thread::id thread;
+  int device = -2;
+};
+
+orError_t ProbeKernel(void* arg) {
+  auto* probe = static_cast<KernelProbe*>(arg);
+  probe->argument += 1;
+  probe->thread = std::this_thread::get_id();
+  probe->device = orKernelCurrentDevice();
+  return orSuccess;
+}
+
+TEST(LaunchKernelTest, RunsTheFunctionWithItsArgumentOnTheStreamsThread) {
+  orStream_t stream = NewStream();
+  KernelProbe first{41}, second{41};
+  ASSERT_OK(orLaunchKernel(stream, ProbeKernel, &first));
+  ASSERT_OK(orLaunchKernel(stream, ProbeKernel, &second));
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(first.argument, 42);
+  EXPECT_EQ(second.argument, 42);
+  EXPECT_NE(first.thread, std::this_thread::get_id());
+  EXPECT_EQ(first.thread, second.thread);  // one worker per stream
+  EXPECT_EQ(first.device, 0);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelTest, WorkRunsInLaunchOrder) {
+  orStream_t stream = NewStream();
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, sizeof(int)));
+  std::vector<int> order;  // only the stream's worker touches it until sync
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));  // everything below is queued before it runs
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_OK(LaunchFn(stream, [&order, i] {
+      order.push_back(i);
+      return orSuccess;
+    }));
+  }
+  // Kernels, copies and memsets interleave in order too.
+  int observed_after_memset = -1, observed_after_store = -1;
+  const int seven = 7;
+  ASSERT_OK(orMemcpyAsync(device_ptr, &seven, sizeof(int), orMemcpyHostToDevice, stream));
+  ASSERT_OK(orMemsetAsync(device_ptr, 0, sizeof(int), stream));
+  ASSERT_OK(orMemcpyAsync(&observed_after_memset, device_ptr, sizeof(int),
+                          orMemcpyDeviceToHost, stream));
+  ASSERT_OK(StoreFromKernel(stream, device_ptr, 99));
+  ASSERT_OK(orMemcpyAsync(&observed_after_store, device_ptr, sizeof(int),
+                          orMemcpyDeviceToHost, stream));
+  gate.Open();
+  ASSERT_OK(orStreamSynchronize(stream));
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_EQ(observed_after_memset, 0);
+  EXPECT_EQ(observed_after_store, 99);
+  EXPECT_OK(orFree(device_ptr));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelTest, KernelsOfDifferentStreamsRunConcurrently) {
+  orStream_t a = NewStream(), b = NewStream();
+  std::promise<void> b_started;
+  std::shared_future<void> b_started_future = b_started.get_future().share();
+  // `a` waits for a kernel of `b`: serialized streams would time out here.
+  ASSERT_OK(LaunchFn(a, [b_started_future] {
+    return b_started_future.wait_for(5s) == std::future_status::ready
+               ? orSuccess
+               : orErrorNotReady;
+  }));
+  ASSERT_OK(LaunchFn(b, [&b_started] {
+    b_started.set_value();
+    return orSuccess;
+  }));
+  EXPECT_OK(orStreamSynchronize(a));
+  EXPECT_OK(orStreamSynchronize(b));
+  EXPECT_OK(orStreamDestroy(a));
+  EXPECT_OK(orStreamDestroy(b));
+}
+
+// ------------------------------------------------------- kernel device access
+
+class KernelMapPointerTest : public RuntimeTest {};
+
+TEST_F(KernelMapPointerTest, HostCallsAreNotPermitted) {
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, 64));
+  void* accessible = &device_ptr;
+  EXPECT_FAILS(orKernelMapPointer(device_ptr, 64, &accessible), orErrorNotPermitted,
+               "orKernelMapPointer", "only kernels", "orMemcpy");
+  EXPECT_EQ(accessible, nullptr);
+  EXPECT_FAILS(orKernelMapPointer(device_ptr, 64, nullptr), orErrorInvalidValue,
+               "orKernelMapPointer", "accessible");
+  EXPECT_OK(orFree(device_ptr));
+}
+
+TEST_F(KernelMapPointerTest, GivesKernelsReadWriteAccessToTheirDevicesMemory) {
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, 1000));
+  const std::vector<unsigned char> data = Pattern(1000, 17);
+  ASSERT_OK(orMemcpy(device_ptr, data.data(), 1000, orMemcpyHostToDevice));
+  bool read_ok = false;
+  ASSERT_OK(LaunchFn(nullptr, [&, device_ptr] {
+    void* alias = nullptr;
+    // An interior range reaching the exact end is fine.
+    char* interior = static_cast<char*>(device_ptr) + 500;
+    if (orError_t e = orKernelMapPointer(interior, 500, &alias)) return e;
+    auto* bytes = static_cast<unsigned char*>(alias);
+    read_ok = std::equal(data.begin() + 500, data.end(), bytes);
+    for (int i = 0; i < 500; ++i) bytes[i] = static_cast<unsigned char>(255 - bytes[i]);
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_TRUE(read_ok);
+  std::vector<unsigned char> expected = data;
+  for (int i = 500; i < 1000; ++i) expected[i] = static_cast<unsigned char>(255 - data[i]);
+  EXPECT_EQ(ReadDevice(device_ptr, 1000), expected);
+  EXPECT_OK(orFree(device_ptr));
+}
+
+TEST_F(KernelMapPointerTest, RejectsBadPointersAndRangesInsideKernels) {
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, 100));
+  void* freed = nullptr;
+  ASSERT_OK(orMalloc(&freed, 64));
+  ASSERT_OK(orFree(freed));
+  int host_value = 0;
+  CallOutcome null_output{}, host{}, freed_memory{}, past_end{}, crossing{};
+  void* left_alone = &host_value;
+  ASSERT_OK(LaunchFn(nullptr, [&] {
+    null_output = CaptureCall([&] { return orKernelMapPointer(device_ptr, 4, nullptr); });
+    host = CaptureCall([&] { return orKernelMapPointer(&host_value, 4, &left_alone); });
+    freed_memory = CaptureCall([&] {
+      void* alias = nullptr;
+      return orKernelMapPointer(freed, 4, &alias);
+    });
+    past_end = CaptureCall([&] {
+      void* alias = nullptr;
+      return orKernelMapPointer(device_ptr, 101, &alias);
+    });
+    crossing = CaptureCall([&] {
+      void* alias = nullptr;
+      return orKernelMapPointer(static_cast<char*>(device_ptr) + 96, 8, &alias);
+    });
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_TRUE(FailedWith(null_output, orErrorInvalidValue,
+                         {"orKernelMapPointer", "accessible"}));
+  EXPECT_TRUE(FailedWith(host, orErrorInvalidPointer,
+                         {"orKernelMapPointer", "device_ptr="}));
+  EXPECT_EQ(left_alone, nullptr);
+  EXPECT_TRUE(FailedWith(freed_memory, orErrorInvalidPointer,
+                         {"orKernelMapPointer", "live allocation"}));
+  EXPECT_TRUE(FailedWith(past_end, orErrorInvalidPointer,
+                         {"orKernelMapPointer", "+101 bytes", "device 0"}));
+  EXPECT_TRUE(FailedWith(crossing, orErrorInvalidPointer,
+                         {"orKernelMapPointer", "+8 bytes"}));
+  EXPECT_OK(orFree(device_ptr));
+}
+
+TEST_F(KernelMapPointerTest, RejectsMemoryOfAnotherDevice) {
+  REQUIRE_DEVICES(2);
+  ASSERT_OK(orSetDevice(1));
+  void* on_one = nullptr;
+  ASSERT_OK(orMalloc(&on_one, 64));
+  ASSERT_OK(orSetDevice(0));
+  CallOutcome outcome{};
+  ASSERT_OK(LaunchFn(nullptr, [&] {
+    outcome = CaptureCall([&] {
+      void* alias = nullptr;
+      return orKernelMapPointer(on_one, 64, &alias);
+    });
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_TRUE(FailedWith(outcome, orErrorDeviceMismatch,
+                         {"orKernelMapPointer", "device 0", "device 1"}));
+  EXPECT_OK(orFree(on_one));
+}
+
+TEST(KernelCurrentDeviceTest, IsMinusOneOnTheHostAndTheStreamsDeviceInKernels) {
+  EXPECT_EQ(orKernelCurrentDevice(), -1);
+  for (int device = 0; device < DeviceCount() && device < 2; ++device) {
+    orStream_t stream = nullptr;
+    ASSERT_OK(orStreamGetDefault(device, &stream));
+    std::atomic<int> seen{-2};
+    // Launched while device 0 is current: the stream decides, not the host.
+    ASSERT_OK(LaunchFn(stream, [&seen] {
+      seen.store(orKernelCurrentDevice());
+      return orSuccess;
+    }));
+    ASSERT_OK(orStreamSynchronize(stream));
+    EXPECT_EQ(seen.load(), device);
+  }
+  EXPECT_EQ(orKernelCurrentDevice(), -1);
+}
+
+// ---------------------------------------------------------- kernel failures
+
+TEST(KernelFailureTest, IsReportedOnceBySynchronizeWithTheKernelsMessage) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(LaunchFn(stream, [] {
+    orKernelSetError("widget 7 jammed");
+    return orErrorInvalidValue;
+  }));
+  std::atomic<bool> later_ran{false};
+  ASSERT_OK(LaunchFn(stream, [&later_ran] {
+    later_ran.store(true);
+    return orSuccess;
+  }));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "device 0", "widget 7 jammed");
+  EXPECT_TRUE(later_ran.load()) << "work after a failed kernel still runs";
+  EXPECT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, IsReportedOnceByQuery) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(LaunchFn(stream, [] {
+    orKernelSetError("checksum mismatch");
+    return orErrorInvalidValue;
+  }));
+  orEvent_t done = nullptr;
+  ASSERT_OK(orEventCreate(&done));
+  ASSERT_OK(orEventRecord(done, stream));
+  ASSERT_OK(orEventSynchronize(done));  // waits without consuming the error
+  EXPECT_FAILS(orStreamQuery(stream), orErrorKernelFailed, "orStreamQuery",
+               "checksum mismatch");
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  EXPECT_OK(orStreamSynchronize(stream));
+  EXPECT_OK(orEventDestroy(done));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, KeepsTheFirstFailureUntilReported) {
+  orStream_t stream = NewStream();
+  for (const char* message : {"first failure", "second failure"}) {
+    ASSERT_OK(LaunchFn(stream, [message] {
+      orKernelSetError(message);
+      return orErrorInvalidValue;
+    }));
+  }
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "first failure");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, FailingRuntimeCallExplainsAKernelWithoutMessage) {
+  orStream_t stream = NewStream();
+  int host_value = 0;
+  ASSERT_OK(LaunchFn(stream, [&host_value] {
+    void* alias = nullptr;
+    return orKernelMapPointer(&host_value, sizeof(int), &alias);
+  }));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "orKernelMapPointer", "device_ptr=");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, ErrorCodeAloneIsNamed) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(LaunchFn(stream, [] { return orErrorInvalidDevice; }));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "orErrorInvalidDevice");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, ExceptionsBecomeKernelFailures) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(LaunchFn(stream, []() -> orError_t {
+    throw std::runtime_error("shape [3, 4] is not broadcastable");
+  }));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "shape [3, 4] is not broadcastable");
+  ASSERT_OK(LaunchFn(stream, []() -> orError_t { throw 42; }));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorKernelFailed,
+               "orStreamSynchronize", "unknown exception");
+  EXPECT_OK(orStreamSynchronize(stream));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelFailureTest, StaysOnTheStreamThatFailed) {
+  orStream_t failing = NewStream(), healthy = NewStream();
+  ASSERT_OK(LaunchFn(failing, [] { return orErrorInvalidValue; }));
+  ASSERT_OK(LaunchFn(healthy, [] { return orSuccess; }));
+  EXPECT_OK(orStreamSynchronize(healthy));
+  EXPECT_EQ(orStreamSynchronize(failing), orErrorKernelFailed);
+  EXPECT_OK(orStreamDestroy(failing));
+  EXPECT_OK(orStreamDestroy(healthy));
+}
+
+TEST(KernelFailureTest, MessageWithoutAnErrorCodeIsNotAFailure) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(LaunchFn(stream, [] {
+    orKernelSetError("just a note");
+    return orSuccess;
+  }));
+  EXPECT_OK(orStreamSynchronize(stream));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(KernelSetErrorTest, IsIgnoredOutsideKernels) {
+  StampLastError();
+  const std::string before = orGetLastErrorMessage();
+  orKernelSetError("from the host");
+  orKernelSetError(nullptr);
+  EXPECT_EQ(before, orGetLastErrorMessage());
+  EXPECT_EQ(orStreamQuery(nullptr), orSuccess);
+}
+
+// ------------------------------------------------------------ stream waits
+
+class StreamWaitEventTest : public RuntimeTest {};
+
+TEST_F(StreamWaitEventTest, RejectsUnknownAndDestroyedHandles) {
+  orStream_t stream = NewStream();
+  orEvent_t destroyed_event = nullptr;
+  ASSERT_OK(orEventCreate(&destroyed_event));
+  ASSERT_OK(orEventDestroy(destroyed_event));
+  int not_an_event = 0;
+  for (orEvent_t bad : {destroyed_event, reinterpret_cast<orEvent_t>(&not_an_event),
+                        static_cast<orEvent_t>(nullptr)}) {
+    EXPECT_FAILS(orStreamWaitEvent(stream, bad), orErrorInvalidHandle,
+                 "orStreamWaitEvent", "event=");
+  }
+  orEvent_t event = nullptr;
+  ASSERT_OK(orEventCreate(&event));
+  EXPECT_FAILS(orStreamWaitEvent(UnknownStream(), event), orErrorInvalidHandle,
+               "orStreamWaitEvent", "stream=");
+  EXPECT_OK(orEventDestroy(event));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(StreamWaitEventTest, ConsumerSeesTheProducersWrite) {
+  orStream_t producer = NewStream(), consumer = NewStream();
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, sizeof(int)));
+  ASSERT_OK(orMemsetAsync(device_ptr, 0, sizeof(int), producer));
+  Gate gate;
+  ASSERT_OK(gate.Block(producer));
+  ASSERT_OK(StoreFromKernel(producer, device_ptr, 42));
+  orEvent_t written = nullptr;
+  ASSERT_OK(orEventCreate(&written));
+  ASSERT_OK(orEventRecord(written, producer));
+  ASSERT_OK(orStreamWaitEvent(consumer, written));
+  int seen = -1;
+  ASSERT_OK(orMemcpyAsync(&seen, device_ptr, sizeof(int), orMemcpyDeviceToHost, consumer));
+  EXPECT_EQ(orStreamQuery(consumer), orErrorNotReady);
+  EXPECT_EQ(seen, -1);
+  gate.Open();
+  ASSERT_OK(orStreamSynchronize(consumer));
+  EXPECT_EQ(seen, 42);
+  EXPECT_OK(orEventDestroy(written));
+  EXPECT_OK(orFree(device_ptr));
+  EXPECT_OK(orStreamDestroy(producer));
+  EXPECT_OK(orStreamDestroy(consumer));
+}
+
+TEST_F(StreamWaitEventTest, OrdersWorkAcrossDevices) {
+  REQUIRE_DEVICES(2);
+  ASSERT_OK(orSetDevice(1));
+  orStream_t producer = NewStream();
+  void* on_one = nullptr;
+  ASSERT_OK(orMalloc(&on_one, sizeof(int)));
+  orEvent_t written = nullptr;
+  ASSERT_OK(orEventCreate(&written));  // an event of device 1
+  ASSERT_OK(orSetDevice(0));
+  orStream_t consumer = NewStream();
+  void* on_zero = nullptr;
+  ASSERT_OK(orMalloc(&on_zero, sizeof(int)));
+  ASSERT_OK(orMemsetAsync(on_zero, 0, sizeof(int), consumer));
+  ASSERT_OK(orStreamSynchronize(consumer));
+
+  Gate gate;
+  ASSERT_OK(gate.Block(producer));
+  ASSERT_OK(StoreFromKernel(producer, on_one, 77));
+  ASSERT_OK(orEventRecord(written, producer));
+  ASSERT_OK(orStreamWaitEvent(consumer, written));
+  ASSERT_OK(orMemcpyAsync(on_zero, on_one, sizeof(int), orMemcpyDeviceToDevice, consumer));
+  EXPECT_EQ(orStreamQuery(consumer), orErrorNotReady);
+  gate.Open();
+  ASSERT_OK(orStreamSynchronize(consumer));
+  EXPECT_EQ(ReadInt(on_zero), 77);
+  EXPECT_OK(orEventDestroy(written));
+  EXPECT_OK(orFree(on_zero));
+  EXPECT_OK(orFree(on_one));
+  EXPECT_OK(orStreamDestroy(producer));
+  EXPECT_OK(orStreamDestroy(consumer));
+}
+
+TEST_F(StreamWaitEventTest, UnrecordedEventAndTheSameStreamAreNoOps) {
+  orStream_t stream = NewStream();
+  orEvent_t unrecorded = nullptr;
+  ASSERT_OK(orEventCreate(&unrecorded));
+  ASSERT_OK(orStreamWaitEvent(stream, unrecorded));
+  orEvent_t own = nullptr;
+  ASSERT_OK(orEventCreate(&own));
+  ASSERT_OK(orEventRecord(own, stream));
+  ASSERT_OK(orStreamWaitEvent(stream, own));
+  std::atomic<bool> ran{false};
+  ASSERT_OK(LaunchFn(stream, [&ran] {
+    ran.store(true);
+    return orSuccess;
+  }));
+  auto sync = std::async(std::launch::async, [&] { return orStreamSynchronize(stream); });
+  ASSERT_EQ(sync.wait_for(5s), std::future_status::ready) << "a no-op wait blocked";
+  EXPECT_EQ(sync.get(), orSuccess);
+  EXPECT_TRUE(ran.load());
+  EXPECT_OK(orEventDestroy(unrecorded));
+  EXPECT_OK(orEventDestroy(own));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(StreamWaitEventTest, WaitsForTheRecordMadeBeforeTheCallOnly) {
+  orStream_t producer = NewStream(), consumer = NewStream();
+  orEvent_t event = nullptr;
+  ASSERT_OK(orEventCreate(&event));
+  ASSERT_OK(orEventRecord(event, producer));
+  ASSERT_OK(orStreamSynchronize(producer));
+  ASSERT_OK(orStreamWaitEvent(consumer, event));  // captures the completed record
+  Gate gate;
+  ASSERT_OK(gate.Block(producer));
+  ASSERT_OK(orEventRecord(event, producer));  // a new record the wait ignores
+  auto sync = std::async(std::launch::async, [&] { return orStreamSynchronize(consumer); });
+  const bool finished = sync.wait_for(5s) == std::future_status::ready;
+  gate.Open();
+  EXPECT_TRUE(finished) << "the consumer waited for a later record";
+  EXPECT_EQ(sync.get(), orSuccess);
+  EXPECT_OK(orEventDestroy(event));
+  EXPECT_OK(orStreamDestroy(producer));
+  EXPECT_OK(orStreamDestroy(consumer));
+}
+
+// ------------------------------------------------------------------- stress
+
+TEST(StressTest, ManyThreadsCreateStreamsLaunchAndAllocateConcurrently) {
+  constexpr int kThreads = 8, kRounds = 12, kKernelsPerRound = 4;
+  std::atomic<int> kernels_run{0};
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  auto record_failure = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(failures_mutex);
+    failures.push_back(what);
+  };
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const int device = t % DeviceCount();
+      auto check = [&](orError_t result, const char* what) {
+        if (result != orSuccess) {
+          record_failure(std::string(what) + ": " + orGetLastErrorMessage());
+        }
+        return result == orSuccess;
+      };
+      if (!check(orSetDevice(device), "orSetDevice")) return;
+      for (int round = 0; round < kRounds; ++round) {
+        orStream_t stream = nullptr;
+        if (!check(orStreamCreateWithPriority(&stream, -(round % 2)), "create")) return;
+        const size_t size = 512 * (1 + (t * 7 + round) % 9);
+        void* device_ptr = nullptr;
+        if (!check(orMalloc(&device_ptr, size), "orMalloc")) return;
+        const std::vector<unsigned char> data = Pattern(size, t * 100 + round);
+        std::vector<unsigned char> back(size, 0);
+        check(orMemcpyAsync(device_ptr, data.data(), size, orMemcpyHostToDevice, stream),
+              "H2D");
+        for (int k = 0; k < kKernelsPerRound; ++k) {
+          check(LaunchFn(stream, [&kernels_run, device] {
+                  if (orKernelCurrentDevice() != device) return orErrorDeviceMismatch;
+                  kernels_run.fetch_add(1);
+                  return orSuccess;
+                }),
+                "launch");
+        }
+        orEvent_t event = nullptr;
+        check(orEventCreate(&event), "orEventCreate");
+        check(orEventRecord(event, stream), "orEventRecord");
+        check(orMemcpyAsync(back.data(), device_ptr, size, orMemcpyDeviceToHost, stream),
+              "D2H");
+        const orError_t query = orStreamQuery(stream);
+        if (query != orSuccess && query != orErrorNotReady) check(query, "query");
+        check(orStreamSynchronize(stream), "orStreamSynchronize");
+        check(orEventQuery(event), "orEventQuery");
+        if (back != data) record_failure("round trip changed the data");
+        check(orEventDestroy(event), "orEventDestroy");
+        check(orStreamDestroy(stream), "orStreamDestroy");
+        check(orFree(device_ptr), "orFree");
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  for (const std::string& failure : failures) ADD_FAILURE() << failure;
+  EXPECT_EQ(kernels_run.load(), kThreads * kRounds * kKernelsPerRound);
+  RecordProperty("elapsed_ms", static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count()));
+}
+
+}  // namespace
+}  // namespace openreg_test
