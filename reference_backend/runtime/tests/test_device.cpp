@@ -461,10 +461,10 @@ TEST_F(FreshProcessDeathTest, EnvironmentIsReadOncePerProcess) {
   report.Expect(ptr == nullptr, "orMalloc cleared ptr");
   orStream_t stream = nullptr;
   report.ExpectFails(orStreamCreate(&stream), orErrorNoDevice,
-                     {"orStreamCreate", "no OpenReg devices"}, "orStreamCreate");
+                     {"orStreamCreate:", "no OpenReg devices"}, "orStreamCreate");
   orEvent_t event = nullptr;
   report.ExpectFails(orEventCreate(&event), orErrorNoDevice,
-                     {"orEventCreate", "no OpenReg devices"}, "orEventCreate");
+                     {"orEventCreate:", "no OpenReg devices"}, "orEventCreate");
   report.ExpectFails(orLaunchKernel(nullptr, [](void*) { return orSuccess; }, nullptr),
                      orErrorNoDevice, {"orLaunchKernel", "no OpenReg devices"},
                      "orLaunchKernel on the default stream");

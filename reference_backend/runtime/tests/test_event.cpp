@@ -45,7 +45,8 @@ class EventTest : public RuntimeTest {};
 // ------------------------------------------------------------------- create
 
 TEST_F(EventTest, CreateRejectsNullOutput) {
-  EXPECT_FAILS(orEventCreate(nullptr), orErrorInvalidValue, "orEventCreate",
+  // "orEventCreate:" with the colon: orEventCreateWithFlags is another call.
+  EXPECT_FAILS(orEventCreate(nullptr), orErrorInvalidValue, "orEventCreate:",
                "event");
   EXPECT_FAILS(orEventCreateWithFlags(nullptr, orEventDefault), orErrorInvalidValue,
                "orEventCreateWithFlags", "event");

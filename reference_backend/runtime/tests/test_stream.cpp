@@ -61,7 +61,7 @@ int ReadInt(const void* device_ptr) {
 class StreamCreateTest : public RuntimeTest {};
 
 TEST_F(StreamCreateTest, RejectsNullOutput) {
-  EXPECT_FAILS(orStreamCreate(nullptr), orErrorInvalidValue, "orStreamCreate",
+  EXPECT_FAILS(orStreamCreate(nullptr), orErrorInvalidValue, "orStreamCreate:",
                "stream");
   EXPECT_FAILS(orStreamCreateWithPriority(nullptr, 0), orErrorInvalidValue,
                "orStreamCreateWithPriority", "stream");
