@@ -22,7 +22,8 @@ test: build
 
 ## Build and install (editable) into the virtual environment.
 build: setup
-	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test]"
+	mkdir -p build
+	flock build/.lock $(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test]"
 
 setup: system-packages $(VENV)/.pip-stamp
 

@@ -17,18 +17,38 @@ namespace py = pybind11;
 
 namespace {
 
-// Python ints are wider than DeviceIndex (int8): check before narrowing, so
-// that set_device(300) is an out-of-range error, not device 44.
-c10::DeviceIndex to_index(int64_t index, const char* argument, bool allow_minus_one) {
+// A device index as Python passed it. Python ints are unbounded and wider
+// than DeviceIndex (int8): they are checked before narrowing, so that
+// set_device(300) or set_device(2**64) is an out-of-range error naming the
+// given index, not device 44 or a TypeError.
+struct PyIndex {
+  int64_t value;   // meaningful unless `overflow`
+  bool overflow;   // does not fit int64: out of range whatever the count
+  std::string text;
+};
+
+PyIndex unpack_index(const py::handle& object) {
+  // Accepts int and anything with __index__; anything else is a TypeError.
+  const auto as_int = py::reinterpret_steal<py::object>(PyNumber_Index(object.ptr()));
+  if (!as_int) throw py::error_already_set();
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(as_int.ptr(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return {static_cast<int64_t>(value), overflow != 0, py::str(as_int).cast<std::string>()};
+}
+
+c10::DeviceIndex to_index(const py::handle& object, const char* argument,
+                          bool allow_minus_one) {
+  const PyIndex index = unpack_index(object);
   const int64_t count = openreg::device_count();
-  if (allow_minus_one && index == -1) return -1;
-  if (index < 0 || index >= count) {
-    TORCH_CHECK(count > 0, "OpenReg: ", argument, "=", index,
+  if (!index.overflow && allow_minus_one && index.value == -1) return -1;
+  if (index.overflow || index.value < 0 || index.value >= count) {
+    TORCH_CHECK(count > 0, "OpenReg: ", argument, "=", index.text,
                 " is invalid: there are no OpenReg devices");
-    TORCH_CHECK(false, "OpenReg: ", argument, "=", index,
+    TORCH_CHECK(false, "OpenReg: ", argument, "=", index.text,
                 " is out of range: valid device indices are [0, ", count, ")");
   }
-  return static_cast<c10::DeviceIndex>(index);
+  return static_cast<c10::DeviceIndex>(index.value);
 }
 
 void lazy_init() {
@@ -64,29 +84,32 @@ PYBIND11_MODULE(_C, m) {
   // Device management. Invalid indices raise RuntimeError naming the range.
   m.def("_device_count", [] { return static_cast<int>(openreg::device_count()); });
   m.def("_current_device", [] { return static_cast<int>(openreg::current_device()); });
-  m.def("_set_device", [](int64_t index) {
+  m.def("_set_device", [](const py::object& index) {
     openreg::set_device(to_index(index, "device", false));
   });
-  m.def("_exchange_device", [](int64_t index) {
+  m.def("_exchange_device", [](const py::object& index) {
     return static_cast<int>(openreg::exchange_device(to_index(index, "device", false)));
   });
   // Out-of-range (including other negative) indices leave the device as is.
-  m.def("_maybe_exchange_device", [](int64_t index) {
-    const auto narrowed = index < -1 || index > 127 ? -1 : index;
+  m.def("_maybe_exchange_device", [](const py::object& object) {
+    const PyIndex index = unpack_index(object);
+    const auto narrowed =
+        index.overflow || index.value < -1 || index.value > 127 ? -1 : index.value;
     return static_cast<int>(openreg::maybe_exchange_device(static_cast<c10::DeviceIndex>(narrowed)));
   });
-  m.def("_is_device_initialized", [](int64_t index) {
-    return index >= 0 && index < 128 &&
-        openreg::is_device_initialized(static_cast<c10::DeviceIndex>(index));
+  m.def("_is_device_initialized", [](const py::object& object) {
+    const PyIndex index = unpack_index(object);
+    return !index.overflow && index.value >= 0 && index.value < 128 &&
+        openreg::is_device_initialized(static_cast<c10::DeviceIndex>(index.value));
   });
-  m.def("_synchronize", [](int64_t index) {
+  m.def("_synchronize", [](const py::object& index) {
     const auto device = to_index(index, "device", true);
     py::gil_scoped_release no_gil;
     OPENREG_CHECK(orDeviceSynchronize(openreg::resolve_device_index(device)));
   });
 
   // Generators: the same objects PyTorch's random operators use.
-  m.def("_default_generator", [](int64_t index) {
+  m.def("_default_generator", [](const py::object& index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(
         openreg::default_generator(to_index(index, "device", true))));
   });

@@ -242,10 +242,11 @@ orError_t orGetDevice(int* device) {
 
 orError_t orSetDevice(int device) {
   if (orError_t e = check_device("orSetDevice", "device", device)) return e;
-  if (tls_current_device != device) {  // the counter documents changes only
-    g_set_device_calls.fetch_add(1, std::memory_order_relaxed);
-    tls_current_device = device;
-  }
+  // Every call counts, redundant ones included: the counter exists so that
+  // callers can check they skip redundant switches (as a real driver call
+  // would cost them).
+  g_set_device_calls.fetch_add(1, std::memory_order_relaxed);
+  tls_current_device = device;
   return orSuccess;
 }
 

@@ -165,16 +165,16 @@ TEST_F(CurrentDeviceTest, EachThreadKeepsItsOwnDevice) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
-TEST_F(CurrentDeviceTest, OnlyActualChangesAreCountedAsSetDeviceCalls) {
+TEST_F(CurrentDeviceTest, EverySuccessfulSetDeviceCallIsCounted) {
   REQUIRE_DEVICES(2);
   ASSERT_OK(orSetDevice(0));
   const uint64_t before = Counters().set_device_calls;
-  ASSERT_OK(orSetDevice(0));  // no change
-  EXPECT_EQ(Counters().set_device_calls, before);
-  ASSERT_OK(orSetDevice(1));
+  ASSERT_OK(orSetDevice(0));  // redundant calls count too
   EXPECT_EQ(Counters().set_device_calls, before + 1);
   ASSERT_OK(orSetDevice(1));
-  EXPECT_EQ(Counters().set_device_calls, before + 1);
+  EXPECT_EQ(Counters().set_device_calls, before + 2);
+  EXPECT_NE(orSetDevice(99), orSuccess);  // failures do not
+  EXPECT_EQ(Counters().set_device_calls, before + 2);
 }
 
 // ----------------------------------------------------------- initialization

@@ -177,7 +177,7 @@ OR_API orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
 
 // ------------------------------------------------------------ diagnostics
 typedef struct orDebugCounters {
-  uint64_t set_device_calls;     // orSetDevice calls that changed the device
+  uint64_t set_device_calls;     // successful orSetDevice calls, redundant ones too
   uint64_t device_inits;         // devices initialized in this process
   uint64_t mallocs;              // successful orMalloc calls (size > 0)
   uint64_t frees;                // successful orFree calls (non-null)

@@ -1,0 +1,205 @@
+"""Finding, loading and describing the backend under test.
+
+``--backend NAME`` is resolved in this order:
+
+1. a registered *profile*: an entry point named NAME in the group
+   ``privateuse1_conformance.backends``. Its object is a callable returning a
+   mapping with ``module`` (the import name) and optionally ``manifest`` (a
+   path to a manifest TOML file);
+2. otherwise an importable Python module NAME that claims PrivateUse1 when
+   imported (a vendor's ``torch_xyz``).
+
+A manifest (TOML, all keys optional) tells the kit what the backend claims::
+
+    [backend]
+    name = "xyz"                  # shown in reports (default: the device type)
+    claims = "standard"           # the level the vendor claims
+    unclaimed = ["events"]        # features the backend does not implement
+    expectations = "known.toml"   # known failures (relative to the manifest)
+    instrumentation = "torch_xyz.conformance_probe"   # optional probe module
+
+Contracts that need an unclaimed feature get the verdict not-claimed.
+The instrumentation module may define any of the functions in
+INSTRUMENTATION; contracts that need a missing one are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .registry import LEVELS, Registry
+
+ENTRY_POINT_GROUP = "privateuse1_conformance.backends"
+
+# Optional functions a backend can expose to make otherwise invisible rules
+# checkable (in the spirit of test262's host-defined $262 object).
+INSTRUMENTATION = {
+    "device_switch_count": "number of device switches the backend's runtime performed in this process",
+    "init_count": "number of times the hooks' init() ran in this process",
+}
+
+
+class BackendError(RuntimeError):
+    """The backend could not be found, loaded or described."""
+
+
+@dataclass
+class Manifest:
+    path: Path | None = None
+    name: str | None = None
+    claims: str | None = None
+    unclaimed: frozenset[str] = frozenset()
+    expectations: Path | None = None
+    instrumentation: str | None = None
+
+    @classmethod
+    def load(cls, path: str | Path, registry: Registry | None = None) -> Manifest:
+        path = Path(path)
+        try:
+            with path.open("rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise BackendError(f"cannot read manifest {path}: {e}") from e
+        section = data.get("backend", {})
+        unknown = set(section) - {"name", "claims", "unclaimed", "expectations", "instrumentation"}
+        if unknown or set(data) - {"backend"}:
+            raise BackendError(
+                f"manifest {path}: unknown keys {sorted(unknown | (set(data) - {'backend'}))}; "
+                "expected [backend] with name, claims, unclaimed, expectations, instrumentation"
+            )
+        claims = section.get("claims")
+        if claims is not None and claims not in LEVELS:
+            raise BackendError(f"manifest {path}: claims must be one of {LEVELS}, got {claims!r}")
+        unclaimed = frozenset(section.get("unclaimed", ()))
+        if registry is not None:
+            bad = unclaimed - set(registry.features)
+            if bad:
+                raise BackendError(
+                    f"manifest {path}: unknown features {sorted(bad)}; "
+                    f"known features: {sorted(registry.features)}"
+                )
+        expectations = section.get("expectations")
+        return cls(
+            path=path,
+            name=section.get("name"),
+            claims=claims,
+            unclaimed=unclaimed,
+            expectations=(path.parent / expectations) if expectations else None,
+            instrumentation=section.get("instrumentation"),
+        )
+
+
+@dataclass
+class Backend:
+    """A loaded backend: what tests use to reach it."""
+
+    requested: str              # what --backend said
+    module_name: str
+    module: ModuleType
+    device_type: str            # the renamed PrivateUse1 name, e.g. "openreg"
+    device_module: ModuleType   # torch.<device_type>
+    manifest: Manifest
+    version: str | None
+    instrumentation: ModuleType | None = None
+    profile: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name or self.device_type
+
+    def device(self, index: int | None = None):
+        import torch
+
+        return torch.device(self.device_type, index) if index is not None else torch.device(self.device_type)
+
+    def instrument(self, function: str):
+        """The instrumentation function, or None if the backend lacks it."""
+        if function not in INSTRUMENTATION:
+            raise KeyError(f"unknown instrumentation function {function!r}")
+        return getattr(self.instrumentation, function, None) if self.instrumentation else None
+
+
+def find_profile(name: str) -> dict[str, Any] | None:
+    """The registered profile called `name`, if any."""
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry_point.name == name:
+            try:
+                profile = entry_point.load()
+                profile = profile() if callable(profile) else profile
+            except Exception as e:  # noqa: BLE001 - report any failure of the profile
+                raise BackendError(f"backend profile {name!r} ({entry_point.value}) failed: {e}") from e
+            if not isinstance(profile, dict) or "module" not in profile:
+                raise BackendError(
+                    f"backend profile {name!r} must be a mapping with a 'module' key, got {profile!r}"
+                )
+            return profile
+    return None
+
+
+def _version_of(module: ModuleType, module_name: str) -> str | None:
+    version = getattr(module, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        top = module_name.split(".")[0]
+        for dist in metadata.packages_distributions().get(top, []):
+            return metadata.version(dist)
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def load(name: str, manifest_path: str | Path | None = None, registry: Registry | None = None) -> Backend:
+    """Resolve and import the backend `name`. Imports torch; never touches a device."""
+    profile = find_profile(name) or {}
+    module_name = profile.get("module", name)
+    manifest_file = manifest_path or profile.get("manifest")
+    manifest = Manifest.load(manifest_file, registry) if manifest_file else Manifest()
+
+    import torch
+
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - a broken backend must give a clear error
+        how = "registered profile" if profile else "module"
+        raise BackendError(f"cannot import backend {how} {name!r} (module {module_name!r}): {e!r}") from e
+    device_type = torch._C._get_privateuse1_backend_name()
+    if device_type == "privateuseone":
+        raise BackendError(
+            f"importing {module_name!r} did not claim PrivateUse1: "
+            "torch.utils.rename_privateuse1_backend(...) was never called"
+        )
+    device_module = getattr(torch, device_type, None)
+    if device_module is None:
+        raise BackendError(
+            f"{module_name!r} renamed PrivateUse1 to {device_type!r} but registered no "
+            f"device module: torch._register_device_module({device_type!r}, module) is missing"
+        )
+    instrumentation = None
+    if manifest.instrumentation:
+        try:
+            instrumentation = importlib.import_module(manifest.instrumentation)
+        except Exception as e:  # noqa: BLE001
+            raise BackendError(f"cannot import instrumentation module {manifest.instrumentation!r}: {e!r}") from e
+    return Backend(
+        requested=name,
+        module_name=module_name,
+        module=module,
+        device_type=device_type,
+        device_module=device_module,
+        manifest=manifest,
+        version=_version_of(module, module_name),
+        instrumentation=instrumentation,
+        profile=profile,
+    )

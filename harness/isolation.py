@@ -1,0 +1,196 @@
+"""Running one pytest item in a forked child, so that a crash or a hang of
+the backend costs one test and not the run.
+
+Why not pytest-forked: it has no time limit (a hung backend stalls the run
+forever), it reports a crash only as a generic failure, and it loses the
+reports of phases that completed before the crash. This module forks from
+the warm parent (torch and the backend imported, no device initialized),
+streams each phase's report back as it is produced, kills the child's whole
+process group when the time limit passes, and turns a signal or abnormal
+exit into a crash report that keeps the child's last output.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import tempfile
+import time
+import traceback
+
+import pytest
+from _pytest.runner import call_and_report
+
+# Attached to synthesized reports so the plugin can tell them apart.
+CRASH = "crash"
+HANG = "hang"
+OUTPUT_TAIL = 4000  # characters of the child's output kept for crash reports
+
+
+def _send(fd: int, payload: dict) -> None:
+    data = json.dumps(payload).encode()
+    view = memoryview(struct.pack("!I", len(data)) + data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _run_child(item: pytest.Item, fd: int) -> None:
+    """Child side: run setup/call/teardown and stream each report."""
+    config = item.config
+    try:
+        # Same order as _pytest.runner.runtestprotocol.
+        if hasattr(item, "_request") and not item._request:
+            item._initrequest()
+        setup = call_and_report(item, "setup", log=False)
+        _send(fd, config.hook.pytest_report_to_serializable(config=config, report=setup))
+        if setup.passed and not item.config.getoption("setuponly", False):
+            call = call_and_report(item, "call", log=False)
+            _send(fd, config.hook.pytest_report_to_serializable(config=config, report=call))
+        teardown = call_and_report(item, "teardown", log=False, nextitem=None)
+        _send(fd, config.hook.pytest_report_to_serializable(config=config, report=teardown))
+    except BaseException:  # noqa: BLE001 - anything here is a harness bug; say so
+        _send(fd, {"$harness_error": traceback.format_exc()})
+
+
+def _redirect_output(config: pytest.Config, path: str, timeout: float) -> None:
+    """Child side: send all output to `path`, uncaptured, so that the parent
+    can show what a crashed or hung test printed last (pytest's own capture
+    would lose it with the process)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        capman.stop_global_capturing()
+    log = os.open(path, os.O_WRONLY)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    if capman is not None:
+        capman._method = "no"  # keep the capture plugin's hooks working, capturing nothing
+        capman.start_global_capturing()
+    # Python's crash traceback goes to the log too (pytest pointed it at the
+    # parent's terminal).
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    # Just before the parent kills a hung test, say where every thread is.
+    faulthandler.dump_traceback_later(timeout * 0.9, file=sys.__stderr__)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - OUTPUT_TAIL))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float) -> pytest.TestReport:
+    return pytest.TestReport(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={k: 1 for k in item.keywords},
+        outcome="failed",
+        longrepr=message,
+        when=when,
+        sections=[],
+        duration=duration,
+        start=time.time() - duration,
+        stop=time.time(),
+        user_properties=[("verdict", kind)],
+    )
+
+
+def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
+    """Run `item` in a forked child; return its reports (synthesized on crash/hang)."""
+    config = item.config
+    read_fd, write_fd = os.pipe()
+    output = tempfile.NamedTemporaryFile(prefix="conformance-child-", suffix=".log", delete=False)
+    output.close()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # ------------------------------------------------ child
+        try:
+            os.close(read_fd)
+            os.setpgid(0, 0)  # a hang kill takes the child's own children too
+            _redirect_output(config, output.name, timeout)
+            _run_child(item, write_fd)
+        finally:
+            os._exit(0)
+    # ----------------------------------------------------------- parent
+    os.close(write_fd)
+    reports: list[pytest.TestReport] = []
+    buffer = b""
+    deadline = started + timeout
+    timed_out = False
+    harness_error = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([read_fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break  # child closed the pipe: it exited (or crashed)
+        buffer += chunk
+        while len(buffer) >= 4:
+            (size,) = struct.unpack("!I", buffer[:4])
+            if len(buffer) < 4 + size:
+                break
+            payload = json.loads(buffer[4 : 4 + size])
+            buffer = buffer[4 + size :]
+            if "$harness_error" in payload:
+                harness_error = payload["$harness_error"]
+            else:
+                reports.append(config.hook.pytest_report_from_serializable(config=config, data=payload))
+    os.close(read_fd)
+    if timed_out:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    duration = time.monotonic() - started
+    tail = _tail(output.name)
+    os.unlink(output.name)
+
+    phases_done = {r.when for r in reports}
+    when = "setup" if "setup" not in phases_done else ("call" if "call" not in phases_done else "teardown")
+    if harness_error:
+        raise RuntimeError(f"conformance harness failed in the test child:\n{harness_error}")
+    if timed_out:
+        message = f"HANG: the test did not finish within {timeout:g} s and was killed (during {when})"
+        if tail:
+            message += f"\n--- last output of the test process ---\n{tail}"
+        reports.append(_synthesize(item, when, HANG, message, duration))
+    elif os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0 or "teardown" not in phases_done:
+        if os.WIFSIGNALED(status):
+            cause = f"was killed by {_signal_name(os.WTERMSIG(status))}"
+        elif os.WEXITSTATUS(status) != 0:
+            cause = f"exited with status {os.WEXITSTATUS(status)}"
+        else:
+            cause = "exited before finishing"
+        message = f"CRASH: the test process {cause} (during {when})"
+        if tail:
+            message += f"\n--- last output of the test process ---\n{tail}"
+        reports.append(_synthesize(item, when, CRASH, message, duration))
+    elif tail and any(r.failed for r in reports):
+        for report in reports:
+            if report.failed:
+                report.sections.append(("Output of the test process", tail))
+    return reports

@@ -1,0 +1,174 @@
+"""Collecting a run's reports into the result model, and summarizing it.
+
+Lives in the process that logs results: the main process, or the xdist
+controller (workers only run tests).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING
+
+import pytest
+
+from privateuse1_conformance.reports import model
+from privateuse1_conformance.reports.model import Verdict
+
+if TYPE_CHECKING:
+    from .plugin import ConformanceSession
+
+MESSAGE_LIMIT = 4000
+
+
+def _message(report: pytest.TestReport, verdict: Verdict) -> str:
+    if verdict is Verdict.PASS:
+        return ""
+    if verdict is Verdict.XFAIL or verdict is Verdict.XPASS:
+        text = getattr(report, "wasxfail", "")
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        text = str(report.longrepr[2])
+    else:
+        text = report.longreprtext
+    if len(text) > MESSAGE_LIMIT:
+        text = text[: MESSAGE_LIMIT // 2] + "\n[...]\n" + text[-MESSAGE_LIMIT // 2 :]
+    return text
+
+
+class RunRecorder:
+    def __init__(self, session: ConformanceSession) -> None:
+        self.session = session
+        self.is_worker = hasattr(session.config, "workerinput")
+        self.tests: dict[str, model.TestResult] = {}
+        self.results: list[model.ContractResult] = []
+        self.reached: str | None = None
+
+    def add(self, report: pytest.TestReport) -> None:
+        if self.is_worker:
+            return
+        props = dict(report.user_properties)
+        if "verdict" not in props:
+            return  # not a conformance test report
+        verdict = Verdict(props["verdict"])
+        contracts = [c for c in props.get("contracts", "").split(",") if c]
+        existing = self.tests.get(report.nodeid)
+        message = _message(report, verdict)
+        if existing is None:
+            self.tests[report.nodeid] = model.TestResult(
+                nodeid=report.nodeid, contracts=contracts, verdict=verdict,
+                duration=report.duration, message=message,
+                rerun=self.session.rerun_command(report.nodeid),
+                expectation=props.get("expectation", ""),
+            )
+            return
+        existing.duration += report.duration
+        # A teardown pass must not hide a setup or call problem.
+        if verdict.severity > existing.verdict.severity:
+            existing.verdict = verdict
+            existing.message = message
+            existing.expectation = props.get("expectation", existing.expectation)
+
+    def build(self) -> list[model.ContractResult]:
+        registry = self.session.registry
+        by_contract: dict[str, list[model.TestResult]] = defaultdict(list)
+        for test in self.tests.values():
+            for contract_id in test.contracts:
+                by_contract[contract_id].append(test)
+        results = []
+        for contract in registry.up_to(self.session.level):
+            info = model.ContractInfo(
+                id=contract.id, area=contract.area, level=contract.level,
+                statement=contract.statement, source=contract.source,
+                features=list(contract.features),
+            )
+            unclaimed = sorted(set(contract.features) & self.session.unclaimed)
+            results.append(model.ContractResult(info, by_contract.get(contract.id, []), unclaimed))
+        return results
+
+    def optional_features(self) -> set[str]:
+        return {f.name for f in self.session.registry.features.values() if f.optional}
+
+    def run(self, complete: bool, started: float, duration: float) -> model.Run:
+        from .provenance import collect
+
+        session = self.session
+        self.results = self.build()
+        self.reached = model.level_reached(self.results, self.optional_features())
+        return model.Run(
+            provenance=collect(session, started, duration),
+            contracts=self.results,
+            optional_features=sorted(self.optional_features()),
+            unclaimed_features=sorted(session.unclaimed),
+            claimed_level=session.backend.manifest.claims,
+            complete=complete,
+            uncovered=[c.id for c in session.registry.up_to(session.level) if c.id not in session.covered],
+            stale_expectations=self.stale_expectations(),
+        )
+
+    def finish(self, exitstatus: int, started: float, duration: float) -> None:
+        if self.is_worker:
+            return
+        run = self.run(complete=exitstatus in (0, 1), started=started, duration=duration)
+        report_dir = self.session.config.getoption("report_dir")
+        if report_dir:
+            from privateuse1_conformance.reports import writer
+
+            writer.write_all(report_dir, run)
+
+    # ----------------------------------------------------------- summary
+
+    def stale_expectations(self) -> list[str]:
+        stale = []
+        for contract_id in self.session.expectations:
+            verdicts = [t.verdict for t in self.tests.values() if contract_id in t.contracts]
+            if verdicts and all(v in (Verdict.PASS, Verdict.XPASS) for v in verdicts):
+                stale.append(contract_id)
+        return stale
+
+    def print_summary(self, terminal) -> None:
+        if self.is_worker or not self.results:
+            return
+        session = self.session
+        backend = session.backend
+        terminal.section(f"PrivateUse1 conformance: {backend.name}", sep="=")
+        terminal.line(
+            f"backend {backend.requested!r} (module {backend.module_name}"
+            + (f" {backend.version}" if backend.version else "")
+            + f"), device type {backend.device_type!r}, {session.device_count} device(s)"
+        )
+        verdict_columns = [v for v in Verdict]
+        counts: dict[str, Counter] = defaultdict(Counter)
+        for result in self.results:
+            verdict = result.verdict
+            counts[result.contract.area][verdict.value if verdict else "no test"] += 1
+        columns = [v.value for v in verdict_columns] + ["no test"]
+        terminal.line(f"{'area':<18}" + "".join(f"{c:>12}" for c in columns))
+        for area in session.registry.areas:
+            if area in counts:
+                terminal.line(f"{area:<18}" + "".join(f"{counts[area][c]:>12}" for c in columns))
+        claimed = backend.manifest.claims
+        terminal.line("")
+        terminal.line(
+            f"Level reached: {self.reached or 'none'}"
+            + (f" (claimed: {claimed})" if claimed else "")
+            + f"; contracts checked up to: {session.level}"
+        )
+        for level in model.LEVELS[: model.LEVELS.index(session.level) + 1]:
+            if self.reached and model.LEVELS.index(level) <= model.LEVELS.index(self.reached):
+                continue
+            blocking = model.blocking_contracts(self.results, self.optional_features(), level)
+            shown = ", ".join(
+                f"{r.contract.id} ({r.verdict.value if r.verdict else 'no test'})" for r in blocking[:12]
+            )
+            more = f" and {len(blocking) - 12} more" if len(blocking) > 12 else ""
+            terminal.line(f"Blocking {level}: {shown}{more}")
+            break
+        uncovered = [c.id for c in session.registry.up_to(session.level) if c.id not in session.covered]
+        if uncovered:
+            terminal.line(f"Contracts without any test: {', '.join(uncovered)}", red=True)
+        stale = self.stale_expectations()
+        if stale:
+            terminal.line(f"Stale expectations (these now pass): {', '.join(stale)}", yellow=True)
+        if session.parent_initialized:
+            terminal.line(
+                "Warning: the backend was already initialized after import; every test ran in a "
+                "process forked from an initialized backend.", yellow=True)

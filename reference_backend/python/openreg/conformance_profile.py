@@ -1,0 +1,28 @@
+"""How the conformance kit finds OpenReg: `--backend openreg` resolves to this
+profile (entry point group ``privateuse1_conformance.backends``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def profile() -> dict[str, str]:
+    return {
+        "module": "openreg",
+        "manifest": str(Path(__file__).with_name("conformance.toml")),
+    }
+
+
+# Instrumentation (see the kit's vendor guide): rules invisible from Python.
+def device_switch_count() -> int:
+    """Device switches (orSetDevice calls) the runtime saw in this process."""
+    from . import _C
+
+    return int(_C._runtime_counters()["set_device_calls"])
+
+
+def init_count() -> int:
+    """How many times PyTorch ran the hooks' init() in this process."""
+    from . import _C
+
+    return int(_C._runtime_counters()["hooks_init_calls"])

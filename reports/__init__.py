@@ -1,0 +1,1 @@
+"""Compliance reports: the result model, and its renderings."""

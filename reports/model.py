@@ -1,0 +1,179 @@
+"""The result model of a conformance run: verdicts, per-test and per-contract
+results, and the level a backend reached.
+
+Everything in ``reports`` is computed from these objects; the harness fills
+them in. This module imports nothing from the kit and nothing from pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+LEVELS = ("core", "standard", "full")
+
+
+class Verdict(str, Enum):
+    """The outcome of one test, or of one contract (the worst of its tests)."""
+
+    PASS = "pass"
+    FAIL = "fail"            # the backend broke the contract
+    ERROR = "error"          # the check could not reach a verdict (unexpected exception)
+    CRASH = "crash"          # the test process died (signal or abnormal exit)
+    HANG = "hang"            # the test exceeded its time limit and was killed
+    NOT_CLAIMED = "not-claimed"  # the manifest declares a needed feature absent
+    XFAIL = "xfail"          # failed, as the expectations file says it would
+    XPASS = "xpass"          # passed although the expectations file says it fails
+    SKIP = "skip"            # could not run here (reason given)
+
+    @property
+    def severity(self) -> int:
+        """Higher is worse; a contract takes its worst test's verdict."""
+        return _SEVERITY[self]
+
+    @property
+    def satisfies(self) -> bool:
+        """Whether the contract counts as met (pass, or pass despite an expectation)."""
+        return self in (Verdict.PASS, Verdict.XPASS)
+
+    @property
+    def is_failure(self) -> bool:
+        return self in (Verdict.FAIL, Verdict.ERROR, Verdict.CRASH, Verdict.HANG)
+
+
+_SEVERITY = {
+    Verdict.PASS: 0,
+    Verdict.XPASS: 1,
+    Verdict.SKIP: 2,
+    Verdict.NOT_CLAIMED: 3,
+    Verdict.XFAIL: 4,
+    Verdict.ERROR: 5,
+    Verdict.FAIL: 6,
+    Verdict.HANG: 7,
+    Verdict.CRASH: 8,
+}
+
+
+def worst(verdicts: list[Verdict]) -> Verdict | None:
+    return max(verdicts, key=lambda v: v.severity) if verdicts else None
+
+
+@dataclass
+class TestResult:
+    nodeid: str
+    contracts: list[str]
+    verdict: Verdict
+    duration: float = 0.0
+    message: str = ""        # failure/skip reason, crash signal, hang timeout
+    rerun: str = ""          # a command that reruns just this test
+    expectation: str = ""    # the expectations file's reason, when it applied
+
+
+@dataclass
+class ContractInfo:
+    id: str
+    area: str
+    level: str
+    statement: str
+    source: str
+    features: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ContractResult:
+    contract: ContractInfo
+    tests: list[TestResult] = field(default_factory=list)
+    unclaimed_features: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """Worst verdict of the contract's tests; None if no test ran."""
+        return worst([t.verdict for t in self.tests])
+
+
+def contract_satisfied(result: ContractResult, optional_features: set[str]) -> bool:
+    """Whether a contract counts towards its level.
+
+    A pass counts. A not-claimed contract counts only if every feature that
+    made it not-claimed is optional (see the registry's [features]).
+    Expected failures never count.
+    """
+    verdict = result.verdict
+    if verdict is None:
+        return False
+    if verdict.satisfies:
+        return True
+    if verdict is Verdict.NOT_CLAIMED:
+        return bool(result.unclaimed_features) and all(
+            f in optional_features for f in result.unclaimed_features
+        )
+    return False
+
+
+def level_reached(results: list[ContractResult], optional_features: set[str]) -> str | None:
+    """The highest level whose contracts, and those of the levels below, are
+    all satisfied; None if not even core is."""
+    reached = None
+    for level in LEVELS:
+        rank = LEVELS.index(level)
+        relevant = [r for r in results if LEVELS.index(r.contract.level) <= rank]
+        if not relevant or not all(contract_satisfied(r, optional_features) for r in relevant):
+            break
+        reached = level
+    return reached
+
+
+def blocking_contracts(
+    results: list[ContractResult], optional_features: set[str], level: str
+) -> list[ContractResult]:
+    """Contracts of `level` (and below) that keep the backend from reaching it."""
+    rank = LEVELS.index(level)
+    return [
+        r
+        for r in results
+        if LEVELS.index(r.contract.level) <= rank and not contract_satisfied(r, optional_features)
+    ]
+
+
+@dataclass
+class Provenance:
+    """Where a result comes from: enough to reproduce and to trust it."""
+
+    kit_version: str
+    kit_commit: str | None
+    torch_version: str
+    torch_build: str            # "cpu" or "cuda <version>" etc.
+    torch_cxx11_abi: bool
+    python: str
+    platform: str
+    backend_requested: str
+    backend_module: str
+    backend_version: str | None
+    device_type: str
+    device_count: int
+    command_line: list[str]
+    level_checked: str
+    isolation: str
+    timeout_s: float
+    seeds: dict[str, str] = field(default_factory=dict)
+    manifest: dict[str, str] | None = None       # {"path", "sha256"}
+    expectations: dict[str, str] | None = None   # {"path", "sha256"}
+    started: str = ""                            # ISO 8601, UTC
+    duration_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    provenance: Provenance
+    contracts: list[ContractResult]
+    optional_features: list[str]
+    unclaimed_features: list[str]
+    claimed_level: str | None
+    complete: bool                # False while running, or if the run was cut short
+    uncovered: list[str] = field(default_factory=list)
+    stale_expectations: list[str] = field(default_factory=list)
+
+    @property
+    def level_reached(self) -> str | None:
+        return level_reached(self.contracts, set(self.optional_features))
