@@ -42,8 +42,14 @@ def dt(backend) -> str:
 
 
 @pytest.fixture(scope="session")
-def mod(backend):
+def mod(backend, dt):
     """The backend's device module, torch.<name>."""
+    if backend.device_module is None:
+        pytest.fail(
+            f"the backend registered no device module: torch.{dt} does not exist. Call "
+            f"torch._register_device_module({dt!r}, module) when the backend is imported",
+            pytrace=False,
+        )
     return backend.device_module
 
 
