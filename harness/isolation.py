@@ -157,7 +157,10 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             if "$harness_error" in payload:
                 harness_error = payload["$harness_error"]
             else:
-                reports.append(config.hook.pytest_report_from_serializable(config=config, data=payload))
+                report = config.hook.pytest_report_from_serializable(config=config, data=payload)
+                if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
+                    report.longrepr = tuple(report.longrepr)
+                reports.append(report)
     os.close(read_fd)
     if timed_out:
         try:

@@ -122,6 +122,11 @@ class ConformanceSession:
         if self.device_count < 2:
             self.unclaimed.add("multi-device")
         self.parent_initialized = self._is_initialized()
+        # Warm the parent: PyTorch imports these lazily on the first operator
+        # that needs a Python meta kernel (seconds); every forked test would
+        # pay that again. Importing them touches no device.
+        import torch._dynamo  # noqa: F401
+        import torch._meta_registrations  # noqa: F401
         self.covered: set[str] = set()
         self.recorder = RunRecorder(self)
         self._start = time.time()

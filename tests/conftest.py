@@ -1,4 +1,11 @@
-"""Fixtures for the project's own tests of the OpenReg backend (helpers: _support.py)."""
+"""Fixtures for the project's own tests of the OpenReg backend.
+
+The helpers live in _support.py so that test modules can import them:
+``run_python(code, env)`` runs ``python -c CODE`` in a fresh interpreter with
+extra environment variables and returns ``(returncode, stdout, stderr)`` (for
+configurations, which are read once per process, lazy initialization and
+crashes); ``run_json`` does the same for a child that prints one JSON object.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,13 @@ import pytest
 import torch
 
 from _support import N
+
+# The backend test modules of this folder (other modules bring their own limits).
+BACKEND_MODULES = {
+    "test_device_management.py", "test_hooks.py", "test_guard.py", "test_tensors.py",
+    "test_rng.py", "test_memory.py", "test_isolation.py", "test_config.py",
+    "test_acceptance.py",
+}
 
 
 @pytest.fixture(scope="session")
@@ -21,17 +35,18 @@ def two_devices() -> int:
 
 
 @pytest.fixture(autouse=True)
-def _restore_device_zero():
-    """Every test starts and ends on device 0 of the calling thread."""
-    if N > 0:
+def _restore_device_zero(request):
+    """Every backend test starts and ends on device 0 of the calling thread."""
+    active = N > 0 and request.node.path.name in BACKEND_MODULES
+    if active:
         torch.openreg.set_device(0)
     yield
-    if N > 0:
+    if active:
         torch.openreg.set_device(0)
 
 
 def pytest_collection_modifyitems(config, items):
     # A hung backend must not hang the suite.
     for item in items:
-        if item.get_closest_marker("timeout") is None:
+        if item.path.name in BACKEND_MODULES and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(180))

@@ -170,6 +170,9 @@ def test_torch_generator_on_device(two_devices):
     with pytest.raises(RuntimeError) as excinfo:
         torch.Generator(device=f"openreg:{N}")
     assert_range_error(excinfo, N, N)
+    torch.openreg.set_device(1)
+    assert torch.Generator(device="openreg").device == torch.device("openreg", 1), (
+        "torch.Generator(device='openreg') is not on the current device 1")
 
 
 # ----------------------------------------------------------------- pointers
@@ -268,8 +271,10 @@ def _filled_storage(nbytes: int, device: str) -> torch.UntypedStorage:
     return s
 
 
-def _bytes(storage: torch.UntypedStorage) -> list[int]:
-    return list(storage.cpu())
+def _bytes(storage: torch.UntypedStorage, limit: int = 4096) -> list[int]:
+    """The first `limit` bytes of a device storage, read through a copy to the host."""
+    host = torch.empty(0, dtype=torch.uint8).set_(storage.cpu())
+    return host[:limit].tolist()
 
 
 def test_resize_storage_grows_shrinks_and_keeps_prefix(two_devices):

@@ -9,6 +9,8 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "gtest_runner.h"
+
 #include <limits>
 
 namespace py = pybind11;
@@ -45,8 +47,68 @@ py::tuple device_tuple(const c10::Device& device) {
 
 }  // namespace
 
+// ======================================================================
+// Hooks extras (used by conformance/test_hooks.py and test_tensors.py).
+// Kept in this separate block: add_hooks_extras() is called once at the
+// end of the module init below.
+// ======================================================================
+#include <ATen/ops/from_blob.h>
+
+namespace {
+
+// A hooks object that implements nothing: only used to try a second
+// registration, which PyTorch must refuse.
+struct UnusedHooks final : public at::PrivateUse1HooksInterface {};
+
+void add_hooks_extras(py::module& m) {
+  // Identity of the registered hooks object (to see that it never changes).
+  m.def("hooks_address", [] { return reinterpret_cast<uintptr_t>(&hooks()); });
+  // Tries to register a second hooks object; returns normally only if the
+  // registration was accepted (the object is then leaked on purpose, since
+  // the registry keeps a raw pointer to it).
+  m.def("hooks_register_second", [] {
+    auto extra = std::make_unique<UnusedHooks>();
+    at::RegisterPrivateUse1HooksInterface(extra.get());
+    extra.release();
+  });
+  // Context::defaultGenerator: lazily initializes, then asks the hooks.
+  m.def("context_default_generator", [](int64_t i) {
+    return wrap(at::globalContext().defaultGenerator(c10::Device(kType, narrow(i))));
+  });
+  // Context::getPinnedMemoryAllocator (lazily initializes first), then
+  // what the hooks and the context say about the block it returns.
+  m.def("context_pinned_roundtrip", [](int64_t nbytes) {
+    at::Allocator* allocator = at::globalContext().getPinnedMemoryAllocator(kType);
+    TORCH_CHECK(allocator != nullptr, "getPinnedMemoryAllocator returned null");
+    c10::DataPtr block = allocator->allocate(static_cast<size_t>(nbytes));
+    auto* base = static_cast<char*>(block.get());
+    TORCH_CHECK(base != nullptr || nbytes == 0, "the pinned allocator returned null for ",
+                nbytes, " bytes");
+    auto* last = base + (nbytes > 0 ? nbytes - 1 : 0);
+    return py::make_tuple(hooks().isPinnedPtr(base), hooks().isPinnedPtr(last),
+                          at::globalContext().isPinnedPtr(base, kType),
+                          c10::DeviceTypeName(block.device().type(), true));
+  });
+  // at::from_blob on device memory without a device index: PyTorch asks the
+  // hooks' getDeviceFromPtr where the memory lives. index >= 0 states the
+  // device explicitly (PyTorch then checks it against getDeviceFromPtr).
+  // The tensor does not own the memory: keep its source alive.
+  m.def("from_blob_float", [](uintptr_t ptr, int64_t numel, int64_t index) {
+    auto options = at::TensorOptions().dtype(at::kFloat).device(
+        index < 0 ? c10::Device(kType) : c10::Device(kType, narrow(index)));
+    return at::from_blob(reinterpret_cast<void*>(ptr), {numel}, options);
+  });
+}
+
+}  // namespace
+// ====================================================== end hooks extras
+
 PYBIND11_MODULE(_cxx, m) {
   m.doc() = "Direct calls into the PrivateUse1 hooks and device guard";
+
+  // ------------------------------------------------- C++ contract tests
+  // gtest_list() / gtest_run(name) and their probes (gtest_runner.cpp).
+  pu1c::add_gtest_bindings(m);
 
   // ------------------------------------------------------------- hooks
   m.def("hooks_registered", [] { return at::isPrivateUse1HooksRegistered(); });
@@ -130,4 +192,6 @@ PYBIND11_MODULE(_cxx, m) {
     py::gil_scoped_release no_gil;
     guard().synchronizeDevice(narrow(i));
   });
+
+  add_hooks_extras(m);  // hooks extras block above
 }

@@ -216,8 +216,14 @@ c10::IValue to_cpu(const c10::IValue& value, const c10::Argument& argument,
 // Caller side: a CPU result becomes a device tensor (a view if it aliases a
 // device storage, otherwise a copy on `device`).
 at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
-                     c10::DeviceIndex device) {
+                     c10::DeviceIndex device, const c10::FunctionSchema& schema) {
   if (!t.defined()) return t;
+  // Only strided tensors live on OpenReg devices: a sparse (or other opaque)
+  // result of the CPU kernel means the operator is not supported here.
+  TORCH_CHECK(t.layout() == c10::kStrided, "OpenReg: operator ", schema.name(),
+              " is not supported on openreg:", static_cast<int>(device),
+              ": its CPU kernel returned a tensor with layout ", t.layout(),
+              ", but OpenReg supports strided tensors only");
   if (const c10::Storage* storage = builder.device_storage_of(t.storage().unsafeGetStorageImpl())) {
     return device_view(*storage, t, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1));
   }
@@ -293,10 +299,10 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (found) continue;
     }
     if (value.isTensor()) {
-      outputs.push_back(to_device(value.toTensor(), builder, device));
+      outputs.push_back(to_device(value.toTensor(), builder, device, schema));
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) list.push_back(to_device(t, builder, device));
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(to_device(t, builder, device, schema));
       outputs.push_back(std::move(list));
     } else {
       outputs.push_back(std::move(value));

@@ -114,6 +114,14 @@ PYBIND11_MODULE(_C, m) {
         openreg::default_generator(to_index(index, "device", true))));
   });
 
+  // Streams beyond what torch.Stream exposes.
+  m.def("_stream_priority", [](const c10::Stream& stream) {
+    return openreg::stream_priority(stream);
+  });
+  m.def("_default_stream", [](const py::handle& index) {
+    return openreg::default_stream(to_index(index, "device", true));
+  });
+
   // Instrumentation for the conformance suite and the tests.
   m.def("_runtime_counters", &runtime_counters);
   m.def("_empty_host_cache", [] { openreg::host_allocator()->empty_cache(); });

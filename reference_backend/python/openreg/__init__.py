@@ -27,7 +27,11 @@ import torch
 from . import _C
 
 __all__ = [
+    "Event",
+    "Stream",
     "current_device",
+    "current_stream",
+    "default_stream",
     "default_generators",
     "device",
     "device_count",
@@ -54,6 +58,8 @@ __all__ = [
     "set_device",
     "set_rng_state",
     "set_rng_state_all",
+    "set_stream",
+    "stream",
     "synchronize",
 ]
 
@@ -341,3 +347,13 @@ def _claim_privateuse1() -> tuple[torch.Generator, ...]:
 
 
 default_generators: tuple[torch.Generator, ...] = _claim_privateuse1()
+
+from .streams import (  # noqa: E402 - after the device type exists
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)

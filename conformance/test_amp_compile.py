@@ -1,0 +1,266 @@
+"""Automatic mixed precision (torch.autocast on the device) and torch.compile
+(dynamo's DeviceInterface, and compiling a model on the device).
+
+Both are optional features ('amp', 'compile'): a backend that does not
+claim them gets not-claimed, without blocking its level.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ._helpers import must
+
+contract = pytest.mark.contract
+
+
+# ---------------------------------------------------------------------- AMP
+
+
+def advertised(mod) -> list[torch.dtype]:
+    function = getattr(mod, "get_amp_supported_dtype", None)
+    assert callable(function), (
+        "the device module has no get_amp_supported_dtype(): torch.autocast(device_type=<name>) "
+        "requires it (return the dtypes that have AutocastPrivateUse1 kernels)")
+    dtypes = must(function, "get_amp_supported_dtype()")
+    assert isinstance(dtypes, (list, tuple)) and all(isinstance(d, torch.dtype) for d in dtypes), \
+        f"get_amp_supported_dtype() must return a list of torch.dtype, got {dtypes!r}"
+    assert dtypes, "get_amp_supported_dtype() advertises no dtype; a backend without AMP should not claim 'amp'"
+    return list(dtypes)
+
+
+def operands(dt: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    cpu = {
+        "a": torch.randn(16, 32, generator=generator),
+        "b": torch.randn(32, 8, generator=generator),
+        "w": torch.randn(8, 32, generator=generator),
+        "bias": torch.randn(8, generator=generator),
+    }
+    return {k: v.to(dt) for k, v in cpu.items()}
+
+
+def autocast_ops(t: dict[str, torch.Tensor]):
+    return {
+        "torch.mm": lambda: torch.mm(t["a"], t["b"]),
+        "torch.matmul": lambda: torch.matmul(t["a"], t["b"]),
+        "a @ b": lambda: t["a"] @ t["b"],
+        "F.linear": lambda: F.linear(t["a"], t["w"], t["bias"]),
+    }
+
+
+def reference(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    cpu = {k: v.cpu() for k, v in t.items()}
+    return {name: op().cpu() for name, op in autocast_ops(cpu).items()}
+
+
+@contract("AC-DTYPE-001")
+def test_autocast_casts_for_every_advertised_dtype(dt, mod):
+    dtypes = advertised(mod)
+    t = operands(dt)
+    expected = reference(t)
+    for dtype in dtypes:
+        eps = torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
+        with torch.autocast(device_type=dt, dtype=dtype):
+            assert torch.is_autocast_enabled(dt), f"inside torch.autocast({dt!r}, dtype={dtype}) autocast is disabled"
+            assert torch.get_autocast_dtype(dt) == dtype, \
+                f"inside torch.autocast({dt!r}, dtype={dtype}), get_autocast_dtype is {torch.get_autocast_dtype(dt)}"
+            outputs = {name: must(op, f"{name} under torch.autocast({dt!r}, dtype={dtype})")
+                       for name, op in autocast_ops(t).items()}
+            with torch.autocast(device_type=dt, enabled=False):
+                inner = torch.mm(t["a"], t["b"])
+        assert inner.dtype == torch.float32, \
+            f"torch.mm inside a nested torch.autocast({dt!r}, enabled=False) returned {inner.dtype}"
+        for name, out in outputs.items():
+            assert out.device.type == dt, f"{name} under autocast returned a tensor on {out.device}"
+            assert out.dtype == dtype, (
+                f"{name} under torch.autocast({dt!r}, dtype={dtype}) returned {out.dtype}: the backend advertises "
+                f"{dtype} but does not cast (register AutocastPrivateUse1 kernels with the lower_precision_fp "
+                f"policy for mm/matmul/linear, or stop advertising {dtype})")
+            ref = expected[name]
+            tolerance = 16 * eps
+            torch.testing.assert_close(out.float().cpu(), ref, rtol=tolerance, atol=tolerance * ref.abs().max().item(),
+                                       msg=lambda m, name=name, dtype=dtype: f"{name} under autocast({dtype}): {m}")
+        assert not torch.is_autocast_enabled(dt), "autocast stayed enabled after leaving torch.autocast"
+        after = torch.mm(t["a"], t["b"])
+        assert after.dtype == torch.float32, f"torch.mm after leaving autocast returned {after.dtype}"
+
+
+@contract("AC-DTYPE-001")
+def test_autocast_backward(dt, mod):
+    dtype = advertised(mod)[0]
+    a = torch.randn(8, 16, device=dt, requires_grad=True)
+    b = torch.randn(16, 4, device=dt, requires_grad=True)
+    with torch.autocast(device_type=dt, dtype=dtype):
+        out = torch.mm(a, b)
+    must(lambda: out.float().sum().backward(), f"backward through torch.mm under autocast({dtype})")
+    assert a.grad is not None and a.grad.dtype == torch.float32 and a.grad.device == a.device, \
+        f"the gradient of an fp32 leaf under autocast is {None if a.grad is None else (a.grad.dtype, a.grad.device)}"
+    expected = torch.ones(8, 4) @ b.detach().cpu().t()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(a.grad.cpu(), expected, rtol=16 * eps, atol=16 * eps * expected.abs().max().item())
+
+
+@contract("AC-DTYPE-001")
+def test_default_autocast_dtype_is_advertised(dt, mod):
+    """torch.autocast(<name>) without a dtype uses get_autocast_dtype(<name>);
+    if that dtype is not advertised, plain autocast silently disables itself."""
+    dtypes = advertised(mod)
+    default = torch.get_autocast_dtype(dt)
+    assert default in dtypes, (
+        f"torch.get_autocast_dtype({dt!r}) is {default}, which get_amp_supported_dtype() does not advertise "
+        f"({dtypes}): torch.autocast({dt!r}) without dtype= warns and disables itself; call "
+        f"torch.set_autocast_dtype({dt!r}, one_of_them) when the backend loads")
+    t = operands(dt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast(device_type=dt):
+            out = torch.mm(t["a"], t["b"])
+    assert out.dtype == default, f"torch.mm under torch.autocast({dt!r}) returned {out.dtype}, not {default}"
+
+
+@contract("AC-DTYPE-001")
+def test_unsupported_autocast_dtype_warns_and_disables(dt, mod):
+    dtypes = advertised(mod)
+    candidates = [d for d in (torch.float64, torch.float32) if d not in dtypes]
+    if not candidates:
+        pytest.skip("the backend advertises float64 and float32 for autocast")
+    bad = candidates[0]
+    t = operands(dt)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(device_type=dt, dtype=bad):
+            enabled = torch.is_autocast_enabled(dt)
+            out = must(lambda: torch.mm(t["a"], t["b"]), f"torch.mm under torch.autocast({dt!r}, dtype={bad})")
+    messages = [str(w.message) for w in caught]
+    assert any("not supported" in m for m in messages), \
+        f"torch.autocast({dt!r}, dtype={bad}) for an unadvertised dtype did not warn: {messages}"
+    assert not enabled, f"torch.autocast({dt!r}, dtype={bad}) stayed enabled for an unadvertised dtype"
+    assert out.dtype == torch.float32, f"torch.mm under a disabled autocast returned {out.dtype}"
+
+
+# ------------------------------------------------------------------ compile
+
+
+def interface(dt):
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    try:
+        return get_interface_for_device(dt)
+    except NotImplementedError as e:
+        pytest.fail(
+            f"torch._dynamo.device_interface.get_interface_for_device({dt!r}) raised NotImplementedError ({e}): "
+            f"register a DeviceInterface subclass with register_interface_for_device({dt!r}, cls) when the "
+            f"backend loads", pytrace=False)
+
+
+def queue_work(device: str) -> torch.Tensor:
+    x = torch.ones(1 << 20, device=device)
+    for _ in range(8):
+        x = x * 1.0001 + 0.5
+    return x
+
+
+@contract("DI-IFACE-001")
+def test_device_interface_agrees_with_the_module(dt, mod, n):
+    from torch._dynamo.device_interface import DeviceGuard, DeviceInterface
+
+    iface = interface(dt)
+    assert isinstance(iface, type) and issubclass(iface, DeviceInterface), \
+        f"the interface for {dt!r} is {iface!r}, not a DeviceInterface subclass"
+
+    def call(name, *args):
+        function = getattr(iface, name)
+        try:
+            return function(*args)
+        except NotImplementedError:
+            pytest.fail(f"the {dt!r} DeviceInterface does not implement {name}() (NotImplementedError)",
+                        pytrace=False)
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"DeviceInterface.{name}{args!r} raised {type(e).__name__}: {e}", pytrace=False)
+
+    assert call("device_count") == mod.device_count() == n, \
+        f"DeviceInterface.device_count() is {call('device_count')}, the module says {mod.device_count()}"
+    assert call("is_available") == mod.is_available(), "DeviceInterface.is_available() disagrees with the module"
+    last = n - 1
+    mod.set_device(last)
+    assert call("current_device") == last, f"DeviceInterface.current_device() is not the module's {last}"
+    call("set_device", 0)
+    assert mod.current_device() == 0, "DeviceInterface.set_device(0) did not change the module's current device"
+    previous = call("exchange_device", last)
+    assert previous == 0 and mod.current_device() == last, \
+        f"DeviceInterface.exchange_device({last}) returned {previous} (expected 0) and left {mod.current_device()}"
+    call("maybe_exchange_device", 0)
+    assert mod.current_device() == 0, "DeviceInterface.maybe_exchange_device(0) did not switch to 0"
+    with DeviceGuard(iface, last):
+        assert mod.current_device() == last, "dynamo's DeviceGuard(interface, i) did not switch to i"
+    assert mod.current_device() == 0, "dynamo's DeviceGuard(interface, i) did not restore the device"
+    with must(lambda: iface.device(last), f"DeviceInterface.device({last})"):
+        assert mod.current_device() == last, f"DeviceInterface.device({last}) did not switch"
+    assert mod.current_device() == 0, f"DeviceInterface.device({last}) did not restore the device"
+
+    stream = call("current_stream")
+    assert isinstance(stream, torch.Stream) and stream == torch.accelerator.current_stream(), \
+        f"DeviceInterface.current_stream() is {stream!r}, torch.accelerator says {torch.accelerator.current_stream()!r}"
+    for name, base in (("Stream", torch.Stream), ("Event", torch.Event)):
+        cls = getattr(iface, name)
+        if cls is not getattr(DeviceInterface, name):
+            assert isinstance(cls, type) and issubclass(cls, base), \
+                f"DeviceInterface.{name} must subclass torch.{name} for dynamo to capture it"
+
+    pending = queue_work(f"{dt}:{last}")
+    call("synchronize", last)
+    assert torch.accelerator.current_stream(last).query(), \
+        f"DeviceInterface.synchronize({last}) returned before device {last}'s work finished"
+    del pending
+    assert mod.current_device() == 0, "DeviceInterface.synchronize changed the current device"
+
+
+@contract("DI-COMPILE-001")
+def test_compiled_model_matches_eager(dt):
+    """torch.compile(backend="aot_eager") on device tensors matches eager,
+    forward and backward.
+
+    Why aot_eager: it runs everything a PrivateUse1 backend is asked to
+    support for torch.compile without a code generator of its own: dynamo
+    traces the model (device tensors become FakeTensors, so the device's
+    meta/shape functions and device propagation must work), AOTAutograd
+    builds the joint forward/backward graph with functionalization and
+    decompositions, and the resulting graphs run on the device with its
+    eager kernels. The default backend, inductor, additionally needs a code
+    generator registered for the device (register_backend_for_device with
+    a Scheduling and wrapper codegen, or Scheduling/PythonWrapperCodegen/
+    CppWrapperCodegen on the device module); that is a large optional
+    extension, not part of this contract.
+    """
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    eager = model.to(dt)
+    x = torch.randn(8, 16).to(dt)
+
+    def loss_of(m, inp):
+        out = m(inp)
+        return out, (out * out).sum()
+
+    out_eager, loss_eager = loss_of(eager, x)
+    loss_eager.backward()
+    grads_eager = [p.grad.detach().cpu().clone() for p in eager.parameters()]
+    eager.zero_grad(set_to_none=True)
+
+    compiled = must(lambda: torch.compile(eager, backend="aot_eager", fullgraph=True),
+                    "torch.compile(model, backend='aot_eager')")
+    out_compiled, loss_compiled = must(lambda: loss_of(compiled, x),
+                                       "running a torch.compile(backend='aot_eager') model on the device")
+    assert out_compiled.device == out_eager.device, f"the compiled model returned a tensor on {out_compiled.device}"
+    torch.testing.assert_close(out_compiled.cpu(), out_eager.detach().cpu(), rtol=1e-5, atol=1e-5)
+    must(loss_compiled.backward, "backward through a torch.compile(backend='aot_eager') model")
+    grads = [p.grad.detach().cpu() for p in eager.parameters()]
+    for got, want in zip(grads, grads_eager):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,224 @@
+"""Bad input on every entry point that takes a device index or a device and
+reaches the backend: the device module's functions, torch.accelerator's
+functions, constructors taking device='<name>:<index>' (tensors, storages,
+streams, generators), tensor/module moves, and the hooks and guard methods
+reached through the kit's C++ probe.
+
+Each entry point is one test, so that a crash costs one verdict. Every
+rejected input must raise a Python exception (RuntimeError, ValueError,
+TypeError or IndexError) whose message names the offending value (and, for
+an index out of range, the valid range or the device count), must not
+crash, and must not change the current device. Each entry point is tried
+once on a never-initialized backend (validation must not depend on lazy
+initialization) and then with every bad value on an initialized one.
+
+Not tested here, because PyTorch validates before the backend is reached
+(so no backend can fail): device strings that do not parse ('<name>:-2',
+'<name>:abc'; see DM-PARSE-001), indices that do not fit c10::DeviceIndex
+in torch.accelerator's bindings, wrong argument types of torch.accelerator
+functions, set_device_index(-2) (documented no-op), and torch.Event(device=...)
+(which does not reach the backend until record()).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from ._helpers import must
+
+contract = pytest.mark.contract
+
+ACCEPTED = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+@dataclass(frozen=True)
+class Bad:
+    value: Any
+    label: str
+    names: tuple[str, ...]     # the message must contain one of these
+    index: int | None = None   # an out-of-range index: the message must also name the count
+
+
+def int_names(i: int) -> tuple[str, ...]:
+    return (str(i),)
+
+
+def bad_values(kind: str, dt: str, n: int) -> list[Bad]:
+    big = min(n + 100, 127)  # still a valid c10::DeviceIndex, so PyTorch passes it through
+    ints = [Bad(n, repr(n), int_names(n), n), Bad(big, repr(big), int_names(big), big)]
+    negative = [Bad(-2, "-2", int_names(-2), -2)]
+    devices = [Bad(f"{dt}:{n}", repr(f"{dt}:{n}"), int_names(n), n),
+               Bad(torch.device(dt, big), f"torch.device({dt!r}, {big})", int_names(big), big)]
+    wrong = [
+        Bad("abc", "'abc'", ("abc",)),
+        Bad(1.5, "1.5", ("1.5", "float")),
+        Bad(object(), "object()", ("object",)),
+        Bad("cpu:0", "'cpu:0'", ("cpu",)),
+        Bad(torch.device("cpu", 0), "torch.device('cpu', 0)", ("cpu",)),
+    ]
+    huge = [Bad(n + 1000, repr(n + 1000), int_names(n + 1000), n + 1000)]
+    return {
+        "module": ints + huge + negative + devices[:1] + wrong,
+        "accelerator": ints + negative + devices[:1],
+        "accelerator-nonnegative": ints + devices[:1],
+        "int": ints + negative,
+        "device": devices,
+        "index": ints,
+        "cxx": ints + negative,
+        "cxx-device": ints,
+    }[kind]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    call: Callable[[SimpleNamespace, Any], Any]
+    kind: str
+    feature: str | None = None
+    attr: str | None = None     # module attribute the entry point needs
+    fresh: bool = True          # also try it on a never-initialized backend
+
+
+def enter(make: Callable[[Any], Any], value: Any) -> None:
+    with make(value):
+        pass
+
+
+def module_entry(name: str, feature: str | None = None, fresh: bool = True,
+                 call: Callable[[SimpleNamespace, Any], Any] | None = None) -> Entry:
+    return Entry(f"module.{name}", call or (lambda c, b: getattr(c.mod, name)(b)), "module", feature,
+                 attr=name, fresh=fresh)
+
+
+def accelerator_entry(name: str, feature: str | None = None, kind: str = "accelerator",
+                      fresh: bool = True) -> Entry:
+    return Entry(f"torch.accelerator.{name}", lambda c, b: getattr(torch.accelerator, name)(b), kind, feature,
+                 fresh=fresh)
+
+
+MEMORY = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
+          "reset_peak_memory_stats", "reset_accumulated_memory_stats")
+
+ENTRIES = [
+    # The device module (PyTorch looks these names up; vendors call them).
+    module_entry("set_device"),
+    module_entry("device", call=lambda c, b: enter(c.mod.device, b)),
+    module_entry("synchronize"),
+    module_entry("current_stream", "streams"),
+    module_entry("get_rng_state", "generators"),
+    module_entry("set_rng_state", "generators", fresh=False, call=lambda c, b: c.mod.set_rng_state(c.state, b)),
+    *(module_entry(name, "memory-stats", fresh=False) for name in MEMORY + ("mem_get_info",)),
+    module_entry("get_device_name"),
+    module_entry("get_device_properties"),
+    module_entry("get_device_capability"),
+    # torch.accelerator: an int goes straight to the backend's guard/allocator.
+    accelerator_entry("set_device_index", kind="accelerator-nonnegative"),
+    Entry("torch.accelerator.device_index", lambda c, b: enter(torch.accelerator.device_index, b), "int"),
+    accelerator_entry("synchronize", fresh=False),  # documented no-op before initialization
+    accelerator_entry("current_stream", "streams"),
+    Entry("torch.accelerator.set_stream",
+          lambda c, b: torch.accelerator.set_stream(
+              torch.Stream(stream_id=0, device_index=b, device_type=c.device_type_code)),
+          "index", "streams", fresh=False),
+    *(accelerator_entry(name, "memory-stats", fresh=False) for name in MEMORY + ("get_memory_info",)),
+    accelerator_entry("get_device_capability"),
+    # Constructors and moves with device='<name>:<index>'.
+    Entry("torch.Stream(device=...)", lambda c, b: torch.Stream(device=b), "device", "streams"),
+    Entry("torch.Generator(device=...)", lambda c, b: torch.Generator(device=b), "device", "generators"),
+    Entry("torch.empty(3, device=...)", lambda c, b: torch.empty(3, device=b), "device"),
+    Entry("torch.empty(0, device=...)", lambda c, b: torch.empty(0, device=b), "device"),
+    Entry("torch.tensor(data, device=...)", lambda c, b: torch.tensor([1.0, 2.0], device=b), "device"),
+    Entry("torch.randn(3, device=...)", lambda c, b: torch.randn(3, device=b), "device", "generators"),
+    Entry("torch.UntypedStorage(4, device=...)", lambda c, b: torch.UntypedStorage(4, device=b), "device"),
+    Entry("cpu_tensor.to(device)", lambda c, b: torch.ones(3).to(b), "device"),
+    Entry("device_tensor.to(device)", lambda c, b: c.on_device.to(b), "device", fresh=False),
+    Entry("nn.Module.to(device)", lambda c, b: torch.nn.Linear(2, 2).to(b), "device"),
+    Entry("Tensor.<name>(index)", lambda c, b: getattr(torch.ones(3), c.dt)(b), "index"),
+    # The hooks and the guard, as ATen reaches them.
+    Entry("hooks getDefaultGenerator(index)", lambda c, b: c.cxx.hooks_default_generator(b), "cxx", "generators"),
+    Entry("hooks getNewGenerator(index)", lambda c, b: c.cxx.hooks_new_generator(b), "cxx", "generators"),
+    Entry("guard synchronizeDevice(index)", lambda c, b: c.cxx.guard_synchronize_device(b), "cxx"),
+    Entry("guard getStream(Device)", lambda c, b: c.cxx.guard_get_stream_of_type(c.dt, b), "cxx-device",
+          "streams"),
+]
+
+
+def names_value(message: str, bad: Bad) -> bool:
+    lowered = message.lower()
+    for name in bad.names:
+        if re.fullmatch(r"-?\d+", name):
+            if re.search(rf"(?<![\d.]){re.escape(name)}(?!\d)", message):
+                return True
+        elif name.lower() in lowered:
+            return True
+    return False
+
+
+def names_range(message: str, n: int) -> bool:
+    """The device count or the valid range, e.g. '2', '[0, 2)', '0..1', '0 to 1'."""
+    return bool(re.search(rf"(?<![\d.-]){n}(?!\d)", message)
+                or re.search(rf"0\s*(\.\.|to|-)\s*{n - 1}(?!\d)", message))
+
+
+def current(mod, cxx) -> dict[str, int]:
+    return {
+        "module current_device()": mod.current_device(),
+        "torch.accelerator.current_device_index()": torch.accelerator.current_device_index(),
+        "hooks getCurrentDevice()": cxx.hooks_get_current_device(),
+    }
+
+
+def reject(entry: Entry, bad: Bad, ctx: SimpleNamespace, n: int, when: str) -> None:
+    what = f"{entry.name} with {bad.label} ({when}, {n} device(s))"
+    try:
+        result = entry.call(ctx, bad.value)
+    except ACCEPTED as e:
+        message = str(e)
+        assert names_value(message, bad), (
+            f"{what} raised {type(e).__name__} as required, but its message does not name the offending "
+            f"value {bad.label}: {message!r}")
+        if bad.index is not None:
+            assert names_range(message, n), (
+                f"{what} raised {type(e).__name__} as required, but its message names neither the device "
+                f"count {n} nor the valid range [0, {n}): {message!r}")
+        return
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"{what} must raise RuntimeError, ValueError, TypeError or IndexError, but raised "
+                    f"{type(e).__name__}: {e}", pytrace=False)
+    pytest.fail(f"{what} must raise, but returned {result!r}", pytrace=False)
+
+
+@contract("ER-MSG-001")
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_bad_device_argument(entry: Entry, session, dt, mod, n, cxx):
+    if entry.feature and entry.feature in session.unclaimed:
+        pytest.skip(f"the backend does not claim feature {entry.feature!r}")
+    if entry.attr and not callable(getattr(mod, entry.attr, None)):
+        pytest.skip(f"the device module has no {entry.attr}()")
+    values = bad_values(entry.kind, dt, n)
+    ctx = SimpleNamespace(dt=dt, mod=mod, n=n, cxx=cxx)
+
+    if entry.fresh:
+        reject(entry, values[0], ctx, n, "on a never-initialized backend")
+        seen = current(mod, cxx)
+        moved = {k: v for k, v in seen.items() if v != 0}
+        assert not moved, f"the rejected {entry.name}({values[0].label}) changed the current device: {moved}"
+
+    ctx.on_device = must(lambda: torch.ones(3, device=dt), "creating a device tensor")
+    ctx.state = must(lambda: mod.get_rng_state(0), "get_rng_state(0)") if entry.feature == "generators" else None
+    ctx.device_type_code = torch.accelerator.current_stream().device_type if entry.feature == "streams" else None
+    start = n - 1
+    mod.set_device(start)
+    for bad in values:
+        reject(entry, bad, ctx, n, "after initialization")
+        seen = current(mod, cxx)
+        moved = {k: v for k, v in seen.items() if v != start}
+        assert not moved, (f"the rejected {entry.name}({bad.label}) changed the current device from {start}: "
+                           f"{moved}")

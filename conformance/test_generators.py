@@ -1,0 +1,449 @@
+"""Generators and RNG state: torch.manual_seed reaching the device, one
+default generator per device driving that device's random operators,
+get/set_rng_state round trips (module and Generator objects), fork_rng,
+the module's seeding functions, and offsets.
+
+Random numbers are compared only with numbers drawn on the same device
+(never with CPU numbers): a backend may use any algorithm. What every
+backend must do is draw from *its own* generators, so several checks look
+at torch's CPU default generator too: a device operator that silently
+draws from it (typically a CPU fallback of an operator that has no
+Generator argument, such as aten::native_dropout) passes a naive
+reproducibility check, because torch.manual_seed seeds the CPU as well.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from ._helpers import must
+
+contract = pytest.mark.contract
+
+SIZE = 256  # numbers per draw: enough that two different streams never agree by chance
+
+
+def _ops() -> dict[str, Callable[[str], torch.Tensor]]:
+    """Random operators that take the device's default generator."""
+    return {
+        "torch.randn": lambda d: torch.randn(SIZE, device=d),
+        "torch.rand": lambda d: torch.rand(SIZE, device=d),
+        "torch.randint": lambda d: torch.randint(0, 1 << 30, (SIZE,), device=d),
+        "Tensor.normal_": lambda d: torch.empty(SIZE, device=d).normal_(),
+        "Tensor.bernoulli_": lambda d: torch.empty(SIZE, device=d).bernoulli_(0.5),
+        "torch.nn.functional.dropout": lambda d: torch.nn.functional.dropout(
+            torch.ones(SIZE, device=d), 0.5, training=True),
+    }
+
+
+def _generator_ops() -> dict[str, Callable[[str, torch.Generator], torch.Tensor]]:
+    """Random operators given an explicit generator."""
+    return {
+        "torch.randn(generator=g)": lambda d, g: torch.randn(SIZE, device=d, generator=g),
+        "torch.rand(generator=g)": lambda d, g: torch.rand(SIZE, device=d, generator=g),
+        "torch.randint(generator=g)": lambda d, g: torch.randint(0, 1 << 30, (SIZE,), device=d, generator=g),
+        "Tensor.normal_(generator=g)": lambda d, g: torch.empty(SIZE, device=d).normal_(generator=g),
+        "Tensor.bernoulli_(generator=g)": lambda d, g: torch.empty(SIZE, device=d).bernoulli_(0.5, generator=g),
+    }
+
+
+OPS = _ops()
+GENERATOR_OPS = _generator_ops()
+
+
+def draw(name: str, device: str) -> torch.Tensor:
+    """One draw of operator `name` on `device`, copied to the CPU."""
+    result = must(lambda: OPS[name](device), f"{name} on {device}")
+    assert result.device.type == torch.device(device).type, f"{name} on {device} returned a tensor on {result.device}"
+    return result.cpu()
+
+
+def draw_all(device: str) -> dict[str, torch.Tensor]:
+    """One draw of every operator on `device`, in a fixed order."""
+    return {name: draw(name, device) for name in OPS}
+
+
+def draw_with(generator: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, op in GENERATOR_OPS.items():
+        result = must(lambda: op(device, generator), f"{name} on {device}")
+        out[name] = result.cpu()
+    return out
+
+
+def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    return [name for name in a if not torch.equal(a[name], b[name])]
+
+
+def module_function(mod, name: str):
+    function = getattr(mod, name, None)
+    assert callable(function), (
+        f"the device module has no {name}(): the generator contract (docs/source/accelerator/"
+        f"generator.md) expects manual_seed, manual_seed_all, seed, seed_all, initial_seed, "
+        f"get_rng_state, set_rng_state, get_rng_state_all and set_rng_state_all")
+    return function
+
+
+def default_generator(cxx, index: int) -> torch.Generator:
+    """Device `index`'s default generator, straight from the hooks."""
+    return must(lambda: cxx.hooks_default_generator(index), f"hooks getDefaultGenerator({index})")
+
+
+def check_state_tensor(state, what: str) -> None:
+    assert isinstance(state, torch.Tensor), f"{what} returned {type(state).__name__}, not a tensor"
+    assert state.device.type == "cpu" and state.dtype == torch.uint8, (
+        f"{what} must be a CPU ByteTensor (torch.uint8 on cpu), but is {state.dtype} on {state.device}")
+    assert state.numel() > 0, f"{what} is empty"
+
+
+# ----------------------------------------------------------------- seeding
+
+
+@contract("RG-SEED-001")
+def test_manual_seed_reaches_the_device(mod, dt, n, cxx):
+    for attr in ("_is_in_bad_fork", "manual_seed_all"):
+        assert callable(getattr(mod, attr, None)), (
+            f"the device module has no {attr}(): torch.manual_seed / torch.seed call "
+            f"module.manual_seed_all only when the module defines both _is_in_bad_fork and manual_seed_all")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(1234)
+        returned = torch.seed()
+    ignored = [str(w.message) for w in caught if "does not take effect" in str(w.message)]
+    assert not ignored, f"torch.manual_seed/torch.seed warned that seeding the device does not take effect: {ignored}"
+    seeds = {i: default_generator(cxx, i).initial_seed() for i in range(n)}
+    wrong = {i: s for i, s in seeds.items() if s != returned}
+    assert not wrong, (f"torch.seed() returned {returned} but left the device default generators with initial "
+                       f"seeds {wrong}: it must reach every device through the module's manual_seed_all")
+
+    devices = [f"{dt}:0"] + ([f"{dt}:{n - 1}"] if n > 1 else [])
+    for device in devices:
+        for name in OPS:
+            torch.manual_seed(1234)
+            first = draw(name, device)
+            torch.manual_seed(1234)
+            second = draw(name, device)
+            assert torch.equal(first, second), (
+                f"after torch.manual_seed(1234), {name} on {device} gave different numbers twice: "
+                f"torch.manual_seed does not reach the device's default generator")
+            torch.manual_seed(4321)
+            other = draw(name, device)
+            assert not torch.equal(first, other), (
+                f"{name} on {device} gave the same numbers after torch.manual_seed(1234) and "
+                f"torch.manual_seed(4321): the seed does not reach the generator the operator uses")
+
+
+@contract("RG-SEED-001")
+def test_device_generator_drives_device_ops(mod, dt, n):
+    """The device's own generator, not torch's CPU default generator, feeds
+    random operators on the device."""
+    device = f"{dt}:0"
+    for name in OPS:
+        torch.manual_seed(99)
+        cpu_state = torch.get_rng_state()
+        first = draw(name, device)
+        assert torch.equal(torch.get_rng_state(), cpu_state), (
+            f"{name} on {device} advanced torch's CPU default generator: the device operator draws from "
+            f"the CPU generator instead of the device's default generator (typical cause: a CPU fallback "
+            f"for an operator without a Generator argument, e.g. aten::native_dropout; implement it for "
+            f"the device)")
+        # Re-seeding only the CPU must not rewind the device.
+        torch.random.default_generator.manual_seed(99)
+        second = draw(name, device)
+        assert not torch.equal(first, second), (
+            f"re-seeding only torch's CPU generator made {name} on {device} repeat its numbers: "
+            f"the device operator uses the CPU generator")
+        # Seeding only the device, with a different CPU seed each time, must.
+        mod.manual_seed_all(7)
+        torch.random.default_generator.manual_seed(1)
+        first = draw(name, device)
+        mod.manual_seed_all(7)
+        torch.random.default_generator.manual_seed(2)
+        second = draw(name, device)
+        assert torch.equal(first, second), (
+            f"after the module's manual_seed_all(7), {name} on {device} gave different numbers when only "
+            f"torch's CPU generator was seeded differently: the device operator depends on the CPU generator")
+
+
+# -------------------------------------------------------------------- state
+
+
+@contract("RG-STATE-001")
+def test_module_rng_state_round_trip(mod, dt, n):
+    get_state = module_function(mod, "get_rng_state")
+    set_state = module_function(mod, "set_rng_state")
+    torch.manual_seed(5)
+    state = must(get_state, "the module's get_rng_state()")
+    check_state_tensor(state, "get_rng_state()")
+    kept = state.clone()
+    first = draw_all(f"{dt}:0")
+    assert torch.equal(state, kept), \
+        "drawing numbers changed a tensor returned earlier by get_rng_state(): it aliases the live state"
+    assert not torch.equal(must(get_state, "get_rng_state()"), kept), \
+        "drawing numbers on the device did not change get_rng_state(): the state does not describe the generator"
+    must(lambda: set_state(state), "the module's set_rng_state(state)")
+    again = draw_all(f"{dt}:0")
+    wrong = differing(first, again)
+    assert not wrong, f"set_rng_state(get_rng_state()) did not reproduce the device's numbers for {wrong}"
+
+
+@contract("RG-STATE-001")
+def test_module_rng_state_of_another_device(mod, dt, n, two_devices):
+    get_state = module_function(mod, "get_rng_state")
+    set_state = module_function(mod, "set_rng_state")
+    last = n - 1
+    torch.manual_seed(6)
+    mod.set_device(0)
+    for spelling in (last, f"{dt}:{last}", torch.device(dt, last)):
+        state = must(lambda: get_state(spelling), f"get_rng_state({spelling!r})")
+        check_state_tensor(state, f"get_rng_state({spelling!r})")
+        state_0 = get_state(0)
+        first = draw_all(f"{dt}:{last}")
+        must(lambda: set_state(state, spelling), f"set_rng_state(state, {spelling!r})")
+        again = draw_all(f"{dt}:{last}")
+        wrong = differing(first, again)
+        assert not wrong, (f"with device 0 current, get_rng_state({spelling!r}) / set_rng_state(state, "
+                           f"{spelling!r}) did not reproduce device {last}'s numbers for {wrong} (is the device "
+                           f"argument ignored, or do these operators not draw from device {last}'s generator?)")
+        assert torch.equal(get_state(0), state_0), \
+            f"set_rng_state(state, {spelling!r}) changed device 0's generator"
+        assert mod.current_device() == 0, f"get/set_rng_state({spelling!r}) changed the current device"
+
+
+@contract("RG-STATE-001")
+def test_module_rng_state_all_round_trip(mod, dt, n):
+    get_all = module_function(mod, "get_rng_state_all")
+    set_all = module_function(mod, "set_rng_state_all")
+    torch.manual_seed(7)
+    states = must(get_all, "get_rng_state_all()")
+    assert len(states) == n, f"get_rng_state_all() returned {len(states)} states for {n} device(s)"
+    for i, state in enumerate(states):
+        check_state_tensor(state, f"get_rng_state_all()[{i}]")
+    first = {i: draw_all(f"{dt}:{i}") for i in range(n)}
+    must(lambda: set_all(states), "set_rng_state_all(states)")
+    again = {i: draw_all(f"{dt}:{i}") for i in range(n)}
+    wrong = {i: differing(first[i], again[i]) for i in range(n) if differing(first[i], again[i])}
+    assert not wrong, f"set_rng_state_all(get_rng_state_all()) did not reproduce the numbers of devices {wrong}"
+
+
+@contract("RG-STATE-001")
+def test_generator_object_state_round_trip(mod, dt, n, cxx):
+    for index in sorted({0, n - 1}):
+        device = f"{dt}:{index}"
+        g = must(lambda: torch.Generator(device=device), f"torch.Generator(device={device!r})")
+        assert g.device == torch.device(dt, index), f"torch.Generator(device={device!r}).device is {g.device}"
+        g.manual_seed(77)
+        state = must(g.get_state, f"Generator({device!r}).get_state()")
+        check_state_tensor(state, f"Generator({device!r}).get_state()")
+        default_state = default_generator(cxx, index).get_state()
+        first = draw_with(g, device)
+        assert torch.equal(default_generator(cxx, index).get_state(), default_state), (
+            f"drawing with generator=g on {device} advanced the device's default generator: "
+            f"random operators ignore their generator argument")
+        # The explicit generator, not the default one, decides the numbers.
+        default_generator(cxx, index).manual_seed(12345)
+        must(lambda: g.set_state(state), f"Generator({device!r}).set_state(state)")
+        again = draw_with(g, device)
+        wrong = differing(first, again)
+        assert not wrong, f"Generator({device!r}).set_state(get_state()) did not reproduce the numbers of {wrong}"
+        fresh = torch.Generator(device=device)
+        must(lambda: fresh.set_state(state), f"a new Generator({device!r}).set_state(state)")
+        copied = draw_with(fresh, device)
+        wrong = differing(first, copied)
+        assert not wrong, f"a state moved into another generator of {device} did not reproduce {wrong}"
+        g.manual_seed(77)
+        reseeded = draw_with(g, device)
+        wrong = differing(first, reseeded)
+        assert not wrong, f"Generator({device!r}).manual_seed(77) did not restart the sequence for {wrong}"
+
+
+@contract("RG-INDEP-001")
+def test_devices_have_independent_generators(mod, dt, n, cxx):
+    def seed_each() -> None:
+        default_generator(cxx, 0).manual_seed(100)
+        default_generator(cxx, 1).manual_seed(200)
+
+    mod.set_device(0)
+    seed_each()
+    reference_0 = draw_all(f"{dt}:0")
+    seed_each()
+    reference_1 = draw_all(f"{dt}:1")
+    assert differing(reference_0, reference_1), \
+        "devices 0 and 1 seeded 100 and 200 gave identical numbers: seeding one device seeds the other"
+
+    # Drawing on and re-seeding device 0 does not move device 1.
+    seed_each()
+    state_1 = must(lambda: mod.get_rng_state(1), "get_rng_state(1)")
+    draw_all(f"{dt}:0")
+    draw_all(f"{dt}:0")
+    default_generator(cxx, 0).manual_seed(555)
+    draw_all(f"{dt}:0")
+    assert torch.equal(mod.get_rng_state(1), state_1), "drawing on / seeding device 0 changed get_rng_state(1)"
+    wrong = differing(reference_1, draw_all(f"{dt}:1"))
+    assert not wrong, f"drawing on / seeding device 0 changed device 1's numbers for {wrong}"
+
+    # The tensor's device, not the current device, picks the generator.
+    seed_each()
+    mod.set_device(1)
+    wrong = differing(reference_0, draw_all(f"{dt}:0"))
+    assert not wrong, (f"with device 1 current, random operators on {dt}:0 did not use device 0's generator "
+                       f"for {wrong}")
+    wrong = differing(reference_1, draw_all(f"{dt}:1"))
+    assert not wrong, f"draws on {dt}:0 (device 1 current) changed device 1's numbers for {wrong}"
+
+
+# ---------------------------------------------------------------- fork_rng
+
+
+@contract("RG-FORK-001")
+def test_fork_rng_restores_device_state(mod, dt, n, cxx):
+    assert callable(getattr(mod, "get_rng_state", None)) and callable(getattr(mod, "set_rng_state", None)), \
+        "fork_rng needs the device module's get_rng_state(device) and set_rng_state(state, device)"
+    cases = [("devices=None", None, list(range(n))), (f"devices=[{n - 1}]", [n - 1], [n - 1])]
+    if n > 1:
+        cases.append((f"devices=range({n})", range(n), list(range(n))))
+    for label, devices, forked in cases:
+        mod.set_device(0)
+        torch.manual_seed(21)
+        reference = {i: draw_all(f"{dt}:{i}") for i in forked}
+        torch.manual_seed(21)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # devices=None warns with several devices
+            try:
+                with torch.random.fork_rng(devices=devices, device_type=dt):
+                    for i in forked:
+                        draw_all(f"{dt}:{i}")
+                        default_generator(cxx, i).manual_seed(999)
+                        draw_all(f"{dt}:{i}")
+            except AssertionError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                pytest.fail(f"torch.random.fork_rng({label}, device_type={dt!r}) raised "
+                            f"{type(e).__name__}: {e}", pytrace=False)
+        for i in forked:
+            wrong = differing(reference[i], draw_all(f"{dt}:{i}"))
+            assert not wrong, (f"after torch.random.fork_rng({label}, device_type={dt!r}) with device 0 "
+                               f"current, device {i}'s numbers were not restored for {wrong}")
+        assert mod.current_device() == 0, f"fork_rng({label}) changed the current device"
+
+
+@contract("RG-FORK-001")
+def test_fork_rng_default_device_type(mod, dt, n):
+    """Without device_type, fork_rng forks the current accelerator: this backend."""
+    torch.manual_seed(22)
+    reference = draw_all(f"{dt}:0")
+    torch.manual_seed(22)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.random.fork_rng(devices=[0]):
+            draw_all(f"{dt}:0")
+    wrong = differing(reference, draw_all(f"{dt}:0"))
+    assert not wrong, f"torch.random.fork_rng(devices=[0]) did not restore device 0's numbers for {wrong}"
+
+
+# --------------------------------------------------------- module seeding
+
+
+@contract("RG-ALL-001")
+def test_one_default_generator_per_device(mod, dt, n, cxx):
+    generators = [default_generator(cxx, i) for i in range(n)]
+    wrong = {i: str(g.device) for i, g in enumerate(generators) if g.device != torch.device(dt, i)}
+    assert not wrong, f"hooks getDefaultGenerator(i) returned generators of the wrong device: {wrong}"
+    if hasattr(mod, "default_generators"):
+        exposed = mod.default_generators
+        assert len(exposed) == n, f"the module's default_generators has {len(exposed)} entries for {n} device(s)"
+        for i, g in enumerate(exposed):
+            assert g.device == torch.device(dt, i), f"default_generators[{i}] is on {g.device}"
+            g.manual_seed(4100 + i)
+            seen = default_generator(cxx, i).initial_seed()
+            assert seen == 4100 + i, (f"seeding the module's default_generators[{i}] with {4100 + i} left the "
+                                      f"device's real default generator with seed {seen}")
+            first = draw("torch.randn", f"{dt}:{i}")
+            g.manual_seed(4100 + i)
+            assert torch.equal(first, draw("torch.randn", f"{dt}:{i}")), \
+                f"re-seeding the module's default_generators[{i}] did not repeat torch.randn on device {i}"
+
+
+@contract("RG-ALL-001")
+def test_seeding_functions(mod, dt, n, cxx):
+    manual_seed_all = module_function(mod, "manual_seed_all")
+    manual_seed = module_function(mod, "manual_seed")
+    seed = module_function(mod, "seed")
+    seed_all = module_function(mod, "seed_all")
+    initial_seed = module_function(mod, "initial_seed")
+
+    def seeds() -> list[int]:
+        return [default_generator(cxx, i).initial_seed() for i in range(n)]
+
+    must(lambda: manual_seed_all(31), "manual_seed_all(31)")
+    assert seeds() == [31] * n, f"after manual_seed_all(31), the devices' initial seeds are {seeds()}"
+    for i in range(n):
+        mod.set_device(i)
+        assert must(initial_seed, "initial_seed()") == 31, \
+            f"with device {i} current, initial_seed() is {initial_seed()} after manual_seed_all(31)"
+        first = draw_all(f"{dt}:{i}")
+        manual_seed_all(31)
+        wrong = differing(first, draw_all(f"{dt}:{i}"))
+        assert not wrong, f"manual_seed_all(31) did not restart device {i}'s numbers for {wrong}"
+
+    must(seed_all, "seed_all()")
+    after = seeds()
+    assert all(s != 31 for s in after), f"seed_all() left initial seeds {after} (they were all 31)"
+
+    last = n - 1
+    manual_seed_all(31)
+    mod.set_device(last)
+    must(lambda: manual_seed(51), "manual_seed(51)")
+    expected = [31] * n
+    expected[last] = 51
+    assert seeds() == expected, (f"with device {last} current, manual_seed(51) left initial seeds {seeds()}; "
+                                 f"it seeds the current device only")
+    assert initial_seed() == 51, f"initial_seed() is {initial_seed()} after manual_seed(51)"
+    must(seed, "seed()")
+    after = seeds()
+    assert after[last] != 51, f"seed() did not re-seed the current device {last}: initial seeds {after}"
+    assert after[:last] == [31] * last, f"seed() on device {last} changed other devices' seeds: {after}"
+    assert initial_seed() == after[last], f"initial_seed() is {initial_seed()}, the generator says {after[last]}"
+
+
+# -------------------------------------------------------------- offsets
+
+
+@contract("RG-OFFSET-001")
+def test_offsets_round_trip_or_raise_clearly(mod, dt, n, cxx):
+    candidates = [
+        ("torch.Generator(device)", lambda: torch.Generator(device=f"{dt}:0"), True),
+        ("the default generator of device 0", lambda: default_generator(cxx, 0), False),
+    ]
+    for label, make, explicit in candidates:
+        g = make()
+        g.manual_seed(3)
+
+        def sample() -> torch.Tensor:
+            if explicit:
+                return torch.randn(SIZE, device=f"{dt}:0", generator=g).cpu()
+            return torch.randn(SIZE, device=f"{dt}:0").cpu()
+
+        supported = True
+        for call, what in ((lambda: g.set_offset(16), "set_offset(16)"), (g.get_offset, "get_offset()")):
+            try:
+                call()
+            except RuntimeError as e:  # NotImplementedError is a RuntimeError too
+                supported = False
+                assert "offset" in str(e).lower(), (
+                    f"{label}.{what} raised RuntimeError, as allowed, but its message does not say "
+                    f"that offsets are unsupported: {str(e)!r}")
+            except Exception as e:  # noqa: BLE001
+                pytest.fail(f"{label}.{what} must work or raise RuntimeError, but raised "
+                            f"{type(e).__name__}: {e}", pytrace=False)
+        if not supported:
+            continue
+        g.set_offset(16)
+        assert g.get_offset() == 16, f"{label}.set_offset(16) then get_offset() returned {g.get_offset()}"
+        first = sample()
+        g.set_offset(16)
+        assert torch.equal(first, sample()), f"{label}.set_offset(16) did not reproduce the numbers drawn at offset 16"

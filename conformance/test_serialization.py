@@ -1,0 +1,142 @@
+"""Serialization: torch.save / torch.load of device tensors (location tags
+'<name>:<index>'), storage sharing, map_location, weights_only."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from ._helpers import must, must_raise
+
+contract = pytest.mark.contract
+
+
+def save(obj) -> io.BytesIO:
+    buffer = io.BytesIO()
+    must(lambda: torch.save(obj, buffer), "torch.save of device tensors")
+    buffer.seek(0)
+    return buffer
+
+
+def load(buffer: io.BytesIO, what: str, **kwargs):
+    buffer.seek(0)
+    return must(lambda: torch.load(buffer, **kwargs), what)
+
+
+def supported_dtypes(index: int) -> set[torch.dtype] | None:
+    try:
+        return set(torch.accelerator.get_device_capability(index)["supported_dtypes"])
+    except Exception:  # noqa: BLE001 - capability queries are another contract
+        return None
+
+
+def sample(dt: str, index: int) -> dict[str, torch.Tensor]:
+    device = f"{dt}:{index}"
+    supported = supported_dtypes(index)
+    tensors = {
+        "float32": torch.linspace(-3, 3, 50).view(5, 10).to(device),
+        "int64": torch.arange(-20, 20).to(device),
+        "bool": (torch.arange(16) % 3 == 0).to(device),
+        "float64": torch.tensor([1e-300, -2.5, 7.0], dtype=torch.float64),
+        "strided": torch.arange(24.0).view(4, 6).t().to(device)[1:, ::2],
+    }
+    if supported is None or torch.float64 in supported:
+        tensors["float64"] = tensors["float64"].to(device)
+    else:
+        del tensors["float64"]
+    return tensors
+
+
+def check_same(loaded: dict, original: dict, device: torch.device, what: str) -> None:
+    for key, tensor in original.items():
+        got = loaded[key]
+        assert isinstance(got, torch.Tensor), f"{what}: {key} loaded as {type(got).__name__}"
+        assert got.device == device, f"{what}: the {key} tensor loaded on {got.device}, expected {device}"
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, \
+            f"{what}: the {key} tensor loaded as {got.dtype} {tuple(got.shape)}"
+        assert torch.equal(got.cpu(), tensor.cpu()), f"{what}: the {key} tensor loaded with different values"
+
+
+@contract("SR-RT-001")
+def test_save_load_round_trip(dt, mod, n):
+    for index in sorted({0, n - 1}):
+        original = sample(dt, index)
+        buffer = save(original)
+        mod.set_device(0)
+        for weights_only in (False, True):
+            loaded = load(buffer, f"torch.load(weights_only={weights_only}) of tensors of device {index}",
+                          weights_only=weights_only)
+            check_same(loaded, original, torch.device(dt, index), f"torch.load(weights_only={weights_only})")
+        assert mod.current_device() == 0, "torch.load changed the current device"
+
+
+@contract("SR-RT-001")
+def test_views_keep_sharing_storage(dt):
+    base = torch.arange(12.0, device=dt)
+    views = {"tail": base[4:], "matrix": base.view(3, 4), "base": base}
+    loaded = load(save(views), "torch.load of views of one device storage")
+    pointers = {k: v.untyped_storage().data_ptr() for k, v in loaded.items()}
+    assert len(set(pointers.values())) == 1, f"views of one storage were loaded into separate storages: {pointers}"
+    offset = loaded["tail"].storage_offset()
+    assert offset == 4, f"the storage offset of a view was lost: it is {offset}, not 4"
+    loaded["matrix"][2, 3] = -1.0
+    assert loaded["tail"][-1].item() == -1.0 and loaded["base"][11].item() == -1.0, \
+        "writing through one loaded view is not visible through the others"
+
+
+@contract("SR-RT-001")
+def test_module_state_dict_round_trip(dt):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to(dt)
+    state = model.state_dict()
+    loaded = load(save(state), "torch.load(weights_only=True) of a device state_dict", weights_only=True)
+    assert list(loaded) == list(state), f"state_dict keys changed: {list(loaded)}"
+    for key, tensor in state.items():
+        assert loaded[key].device == tensor.device, f"{key} loaded on {loaded[key].device}"
+        assert torch.equal(loaded[key].cpu(), tensor.cpu()), f"{key} loaded with different values"
+    clone = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to(dt)
+    must(lambda: clone.load_state_dict(loaded), "load_state_dict of a loaded device state_dict")
+
+
+@contract("SR-RT-001")
+def test_load_restores_the_saved_index(dt, mod, n, two_devices):
+    """A tensor saved from device n-1 comes back on n-1, whatever is current."""
+    last = n - 1
+    original = sample(dt, last)
+    buffer = save(original)
+    mod.set_device(0)
+    check_same(load(buffer, f"torch.load of tensors of device {last}"), original, torch.device(dt, last),
+               "torch.load with device 0 current")
+    assert mod.current_device() == 0, "torch.load changed the current device"
+
+
+@contract("SR-MAP-001")
+def test_map_location_cpu(dt, n):
+    original = sample(dt, n - 1)
+    buffer = save(original)
+    for spelling in ("cpu", torch.device("cpu"), lambda storage, location: storage):
+        loaded = load(buffer, f"torch.load(map_location={spelling!r})", map_location=spelling)
+        check_same(loaded, original, torch.device("cpu"), f"torch.load(map_location={spelling!r})")
+
+
+@contract("SR-MAP-001")
+def test_map_location_to_a_missing_device(dt, n):
+    buffer = save({"t": torch.arange(4.0, device=dt)})
+    for bad in (n, n + 5):
+        buffer.seek(0)
+        must_raise(lambda: torch.load(buffer, map_location=f"{dt}:{bad}"),
+                   f"torch.load(map_location='{dt}:{bad}') with {n} device(s)", RuntimeError,
+                   mentions=(str(bad), str(n)))
+
+
+@contract("SR-MAP-001")
+def test_map_location_to_another_device(dt, mod, n, two_devices):
+    original = sample(dt, 0)
+    buffer = save(original)
+    last = n - 1
+    mod.set_device(0)
+    for spelling in (f"{dt}:{last}", torch.device(dt, last), {f"{dt}:0": f"{dt}:{last}"}):
+        loaded = load(buffer, f"torch.load(map_location={spelling!r})", map_location=spelling)
+        check_same(loaded, original, torch.device(dt, last), f"torch.load(map_location={spelling!r})")
+    assert mod.current_device() == 0, "torch.load with map_location changed the current device"

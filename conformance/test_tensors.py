@@ -1,0 +1,526 @@
+"""Tensors on the device: exact round trips for every supported dtype,
+copies between devices, views sharing storage, the generated
+Tensor/Module/Storage methods, item() and printing."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+
+from ._helpers import in_thread, must, must_raise
+
+contract = pytest.mark.contract
+
+# Used when the backend cannot say which dtypes it supports.
+STANDARD_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint16, torch.uint32, torch.uint64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.complex64, torch.complex128,
+]
+
+QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+
+NAN, INF = float("nan"), float("inf")
+
+
+def supported_dtypes(dt: str) -> tuple[list[torch.dtype], str]:
+    """The dtypes the device reports, and a note for failure messages."""
+    try:
+        capability = torch.accelerator.get_device_capability(torch.device(dt, 0))
+        dtypes = capability["supported_dtypes"]
+    except Exception as e:  # noqa: BLE001 - not supported: fall back, and say so
+        return list(STANDARD_DTYPES), (
+            f" (torch.accelerator.get_device_capability() is not supported by the backend "
+            f"[{type(e).__name__}: {e}], so the standard dtype list was checked)")
+    return sorted(dtypes, key=str), " (dtypes from torch.accelerator.get_device_capability())"
+
+
+def special_values(dtype: torch.dtype) -> list | None:
+    """Python values that exercise the edges of `dtype`, or None when the
+    dtype cannot be built from Python numbers."""
+    if dtype == torch.bool:
+        return [True, False, True, True, False]
+    if dtype in (torch.uint16, torch.uint32, torch.uint64) or (not dtype.is_floating_point
+                                                              and not dtype.is_complex):
+        try:
+            info = torch.iinfo(dtype)
+        except TypeError:
+            return None
+        values = [info.min, info.max, 0, 1, info.max - 1, info.min + 1, info.max // 3]
+        if info.min < 0:
+            values += [-1, -2]
+        return values
+    if dtype.is_complex:
+        real = torch.finfo(dtype).max
+        return [complex(NAN, 1.0), complex(-0.0, INF), complex(1.5, -INF), complex(-real, real),
+                complex(0.0, -0.0), complex(1 / 3, -math.pi), complex(torch.finfo(dtype).tiny, -1.0)]
+    if dtype.is_floating_point:
+        try:
+            info = torch.finfo(dtype)
+        except TypeError:
+            return None
+        if dtype.itemsize < 2:  # float8 / float4: built from bits only
+            return None
+        return [NAN, INF, -INF, -0.0, 0.0, info.max, -info.max, info.tiny, info.tiny * info.eps,
+                info.eps, 1 / 3, -math.pi, 65504.0 if dtype == torch.float16 else 1e10]
+    return None
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a CPU tensor, for exact comparison (NaN payloads, -0.0)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def byte_pattern(count: int) -> torch.Tensor:
+    """Bytes covering every value 0..255, including 0x00 and 0xff runs."""
+    values = [(k * 37 + 11) % 256 for k in range(count - 16)] + [0] * 8 + [255] * 8
+    return torch.tensor(values, dtype=torch.uint8)
+
+
+# ----------------------------------------------------------------- round trip
+
+
+@contract("TP-RT-001")
+def test_round_trip_is_exact_for_every_supported_dtype(dt, n):
+    dtypes, note = supported_dtypes(dt)
+    targets = sorted({f"{dt}:0", f"{dt}:{n - 1}"}) + [dt]
+    problems: list[str] = []
+
+    def check(name, dtype, build_cpu, make_device):
+        try:  # cases CPU itself cannot represent for this dtype are skipped
+            cpu = build_cpu()
+            expected_bits = bits(cpu)
+        except Exception:  # noqa: BLE001
+            return
+        for target in targets:
+            try:
+                on_device = make_device(cpu, target)
+                back = on_device.cpu()
+            except Exception as e:  # noqa: BLE001 - collected, reported below
+                problems.append(f"{dtype} {name} -> {target}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            expected = torch.device(target) if ":" in target else torch.device(dt, 0)
+            if on_device.device != expected or on_device.dtype != dtype:
+                problems.append(f"{dtype} {name}: landed as {on_device.dtype} on {on_device.device}, "
+                                f"expected {dtype} on {expected}")
+                continue
+            if back.dtype != dtype or back.shape != cpu.shape:
+                problems.append(f"{dtype} {name}: came back as {back.dtype} {tuple(back.shape)}")
+                continue
+            try:
+                same = torch.equal(bits(back), expected_bits)
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{dtype} {name} via {target}: the result cannot be read back "
+                                f"({type(e).__name__}: {e})")
+                continue
+            if not same:
+                problems.append(f"{dtype} {name} via {target}: the bytes changed")
+
+    warnings.filterwarnings("ignore", message="ComplexHalf support is experimental")
+    for dtype in dtypes:
+        if dtype in QUANTIZED:  # no raw-bytes view on CPU; not probed here
+            continue
+        itemsize = dtype.itemsize
+        # Every byte value in the dtype's elements: raw memory must survive.
+        raw = byte_pattern(256 + 16 * itemsize)
+        raw = raw[: raw.numel() // (itemsize * 16) * itemsize * 16]
+
+        def patterns(raw=raw, dtype=dtype):
+            return raw.view(dtype)
+
+        to = lambda c, d: c.to(d)  # noqa: E731
+        check("bit patterns (Tensor.to)", dtype, patterns, to)
+        check("bit patterns, non-contiguous (transposed)", dtype, lambda: patterns().view(-1, 8).t(), to)
+        check("bit patterns, 0-dim", dtype, lambda: patterns()[3].clone(), to)
+        check("empty", dtype, lambda: patterns()[:0], to)
+        check("copy_ into an existing device tensor", dtype, patterns,
+              lambda c, d: torch.empty(c.shape, dtype=c.dtype, device=d).copy_(c))
+        values = special_values(dtype)
+        if values is not None:
+            def from_values(values=values, dtype=dtype):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return torch.tensor(values, dtype=dtype)
+
+            check("special values via torch.tensor(x, device=...)", dtype, from_values,
+                  lambda c, d, values=values, dtype=dtype: torch.tensor(values, dtype=dtype, device=d))
+    assert not problems, (f"round trips through the device are not exact{note}:\n  "
+                          + "\n  ".join(problems[:40]))
+
+
+# ----------------------------------------------------------- device to device
+
+
+@contract("TP-D2D-001")
+def test_copies_between_devices(dt, n, mod):
+    count = 1 << 18
+    expected = torch.arange(count, dtype=torch.float32) * 3 + 1
+    pairs = sorted({(0, 1), (1, 0), (0, n - 1), (n - 1, 0), (n - 1, 1)} - {(i, i) for i in range(n)})
+    for i, j in pairs:
+        others = [k for k in range(n) if k not in (i, j)]
+        current = others[0] if others else max(i, j)  # the source, the target, or neither
+        mod.set_device(current)
+        source_device, target_device = torch.device(dt, i), torch.device(dt, j)
+        where = f"{source_device} -> {target_device} (device {current} current)"
+
+        # The source is produced by queued work on device i: the copy must wait for it.
+        source = torch.arange(count, dtype=torch.float32).to(source_device).mul_(3).add_(1)
+        moved = must(lambda: source.to(target_device), f"Tensor.to {where}")
+        assert moved.device == target_device, f"Tensor.to {where} landed on {moved.device}"
+        assert mod.current_device() == current, f"Tensor.to {where} left device {mod.current_device()} current"
+
+        into = torch.zeros(count, device=target_device)
+        must(lambda: into.copy_(source), f"copy_ {where}")
+        source.fill_(-5)  # must not reach the copies already made
+        into.add_(0)
+        assert torch.equal(moved.cpu(), expected), f"Tensor.to {where} changed the values"
+        assert torch.equal(into.cpu(), expected), f"copy_ {where} changed the values (or saw a later write)"
+        assert torch.equal(source.cpu(), torch.full((count,), -5.0)), f"the source on {source_device} changed"
+
+        fast = must(lambda: source.to(target_device, non_blocking=True), f"non_blocking Tensor.to {where}")
+        torch.accelerator.synchronize(j)
+        assert fast.device == target_device and torch.equal(fast.cpu(), torch.full((count,), -5.0)), \
+            f"a non_blocking copy {where} gave wrong values after synchronize"
+
+        matrix = torch.arange(64 * 48, dtype=torch.float64).view(64, 48)
+        strided = matrix.to(source_device).t()[::2]
+        copied = must(lambda: strided.to(target_device), f"a non-contiguous Tensor.to {where}")
+        assert copied.device == target_device and torch.equal(copied.cpu(), matrix.t()[::2]), \
+            f"a non-contiguous copy {where} changed the values"
+        converted = source.to(target_device, dtype=torch.float64)
+        assert converted.device == target_device and converted.dtype == torch.float64
+        assert torch.equal(converted.cpu(), torch.full((count,), -5.0, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------- views
+
+
+VIEWS = [
+    ("view(6, 8)", lambda t: t.view(6, 8), True),
+    ("slice [5:29]", lambda t: t[5:29], True),
+    ("strided slice [3::4]", lambda t: t[3::4], True),
+    ("transpose of view(6, 8)", lambda t: t.view(6, 8).t(), True),
+    ("as_strided((3, 4), (5, 2), 7)", lambda t: torch.as_strided(t, (3, 4), (5, 2), 7), True),
+    ("narrow(0, 9, 12)", lambda t: t.narrow(0, 9, 12), True),
+    ("select(1, 3) of view(6, 8)", lambda t: t.view(6, 8).select(1, 3), True),
+    ("diagonal(1) of view(6, 8)", lambda t: t.view(6, 8).diagonal(1), True),
+    ("permute(2, 0, 1) of view(2, 3, 8)", lambda t: t.view(2, 3, 8).permute(2, 0, 1), True),
+    ("unsqueeze(1)[::5]", lambda t: t.unsqueeze(1)[::5], True),
+    ("expand of a column", lambda t: t[4:10].view(6, 1).expand(6, 5), False),
+    ("unfold(0, 4, 3)", lambda t: t.unfold(0, 4, 3), False),
+    ("empty slice [7:7]", lambda t: t[7:7], True),
+]
+
+
+@contract("TP-VIEW-001")
+@pytest.mark.parametrize("name,make,writable", VIEWS, ids=[v[0] for v in VIEWS])
+def test_views_share_storage_like_cpu(name, make, writable, dt, n):
+    device = torch.device(dt, n - 1)  # device 0 stays current
+    cpu = torch.arange(48, dtype=torch.float32)
+    base = cpu.to(device)
+
+    view_cpu = make(cpu)
+    view = must(lambda: make(base), f"{name} of a device tensor")
+    assert view.device == device, f"{name} of a tensor on {device} is on {view.device}"
+    layout = (tuple(view.shape), view.stride(), view.storage_offset())
+    expected_layout = (tuple(view_cpu.shape), view_cpu.stride(), view_cpu.storage_offset())
+    assert layout == expected_layout, f"{name}: (shape, strides, offset) is {layout}, on CPU {expected_layout}"
+    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), \
+        f"{name} does not share its base's storage"
+    if view.numel():  # PyTorch reports data_ptr() 0 for empty tensors
+        assert view.data_ptr() == base.data_ptr() + 4 * view.storage_offset(), \
+            f"{name}: data_ptr() is not the storage pointer plus storage_offset() * itemsize"
+    assert view._base is base, f"{name}._base is not the tensor it views"
+    assert torch.equal(view.cpu(), view_cpu), f"{name} reads {view.cpu()}, on CPU {view_cpu}"
+
+    # Writes through the base show in the view.
+    cpu.mul_(-2).add_(1)
+    base.copy_(cpu)
+    assert torch.equal(view.cpu(), view_cpu), f"after writing the base, {name} reads stale values"
+    base.add_(0.5)
+    cpu.add_(0.5)
+    assert torch.equal(view.cpu(), view_cpu), f"after an in-place op on the base, {name} reads stale values"
+    if not writable:
+        return
+    # Writes through the view show in the base (and nowhere else).
+    fresh = torch.arange(view_cpu.numel(), dtype=torch.float32).view(view_cpu.shape) * 10 + 1000
+    must(lambda: view.copy_(fresh), f"copying CPU values into {name}")
+    view_cpu.copy_(fresh)
+    assert torch.equal(base.cpu(), cpu), f"after copy_ into {name}, the base differs from CPU: {base.cpu()}"
+    must(lambda: view.mul_(-1), f"an in-place op on {name}")
+    view_cpu.mul_(-1)
+    assert torch.equal(base.cpu(), cpu), f"after an in-place op on {name}, the base differs from CPU"
+    view.fill_(7.25)
+    view_cpu.fill_(7.25)
+    assert torch.equal(base.cpu(), cpu), f"after fill_ on {name}, the base differs from CPU"
+
+
+@contract("TP-VIEW-001")
+def test_set_and_storage_offsets(dt, n):
+    device = torch.device(dt, n - 1)
+    cpu = torch.arange(48, dtype=torch.float32)
+    base = cpu.to(device)
+    storage = base.untyped_storage()
+
+    t = must(lambda: torch.empty(0, device=device).set_(storage, 6, (3, 5), (5, 1)),
+             "Tensor.set_(storage, offset, size, stride) on the device")
+    expected = torch.empty(0).set_(cpu.untyped_storage(), 6, (3, 5), (5, 1))
+    assert t.device == device and t.storage_offset() == 6 and t.stride() == (5, 1)
+    assert t.data_ptr() == base.data_ptr() + 6 * 4, "set_ with offset 6: data_ptr() is not storage + 24 bytes"
+    assert torch.equal(t.cpu(), expected), f"set_ with an offset reads {t.cpu()}, on CPU {expected}"
+    t.mul_(-1)
+    expected.mul_(-1)
+    assert torch.equal(base.cpu(), cpu), "a write through a set_ tensor does not reach the storage's other users"
+
+    whole = must(lambda: torch.empty(3, device=device).set_(base), "Tensor.set_(tensor)")
+    assert whole.data_ptr() == base.data_ptr() and torch.equal(whole.cpu(), cpu)
+    whole.fill_(2.0)
+    assert torch.equal(base.cpu(), torch.full((48,), 2.0)), "set_(tensor) does not share the storage"
+
+    copy = base[5:20:2].contiguous()
+    clone = base.clone()
+    assert copy.untyped_storage().data_ptr() != storage.data_ptr(), "contiguous() of a strided slice did not copy"
+    assert clone.untyped_storage().data_ptr() != storage.data_ptr(), "clone() shares the storage"
+    base.fill_(-1)
+    assert torch.equal(copy.cpu(), torch.full((8,), 2.0)) and torch.equal(clone.cpu(), torch.full((48,), 2.0)), \
+        "a copy made by contiguous()/clone() changed when its source was written"
+
+
+@contract("TP-VIEW-001")
+def test_set_keeps_the_device(dt, n):
+    device = torch.device(dt, n - 1)  # device 0 stays current
+    emptied = must(lambda: torch.ones(5, device=device).set_(), "Tensor.set_() on the device")
+    assert emptied.numel() == 0, f"Tensor.set_() left {emptied.numel()} elements"
+    assert emptied.device == device, (
+        f"Tensor.set_() on a tensor on {device} (device 0 current) moved it to {emptied.device}: the "
+        "empty storage must be made on the tensor's own device (PyTorch's kernels run under a "
+        "device guard for self)")
+    if n > 1:
+        other = torch.zeros(4, device=torch.device(dt, 0)).untyped_storage()
+        target = torch.ones(4, device=device)
+        must_raise(lambda: target.set_(other), f"Tensor.set_(storage of {dt}:0) on a tensor on {device}",
+                   RuntimeError)
+        assert target.device == device and torch.equal(target.cpu(), torch.ones(4)), \
+            "a refused set_ with a storage of another device changed the tensor"
+
+
+@contract("TP-VIEW-001")
+def test_dtype_views_share_storage(dt, n):
+    device = torch.device(dt, n - 1)
+    floats = torch.tensor([1.0, -2.0, 0.5, 3.0]).to(device)
+    ints = must(lambda: floats.view(torch.int32), "Tensor.view(torch.int32) of a float32 device tensor")
+    assert ints.data_ptr() == floats.data_ptr() and ints.device == device
+    assert torch.equal(ints.cpu(), floats.cpu().view(torch.int32)), "view(dtype) reinterprets the bytes wrongly"
+
+    cpu = torch.tensor([1 + 2j, -3 - 4j, 0.5j], dtype=torch.complex64)
+    complex_base = cpu.to(device)
+    real = must(lambda: torch.view_as_real(complex_base), "torch.view_as_real of a device tensor")
+    assert real.device == device and real.data_ptr() == complex_base.data_ptr()
+    assert real._base is complex_base, "view_as_real of a device tensor is not a view of it"
+    assert torch.equal(real.cpu(), torch.view_as_real(cpu))
+    real[:, 1].fill_(9.0)
+    assert torch.equal(complex_base.cpu().imag, torch.full((3,), 9.0)), \
+        "writing through view_as_real did not reach the complex tensor"
+    back = must(lambda: torch.view_as_complex(real), "torch.view_as_complex of a device tensor")
+    assert back.data_ptr() == complex_base.data_ptr() and torch.equal(back.cpu(), complex_base.cpu())
+    assert torch.equal(must(lambda: complex_base.real, "Tensor.real of a complex device tensor").cpu(),
+                       torch.tensor([1.0, -3.0, 0.0]))
+
+
+# ----------------------------------------------------------- generated methods
+
+
+def _tensor_method(dt):
+    method = getattr(torch.Tensor, dt, None)
+    assert callable(method), (f"torch.Tensor has no {dt}() method: call "
+                              "torch.utils.generate_methods_for_privateuse1_backend()")
+    assert isinstance(inspect.getattr_static(torch.Tensor, f"is_{dt}", None), property), \
+        f"torch.Tensor.is_{dt} is not a property"
+    return method
+
+
+@contract("TP-GEN-001")
+def test_generated_tensor_and_module_methods(dt, n, mod):
+    _tensor_method(dt)
+    cpu = torch.arange(6, dtype=torch.float32)
+    moved = must(lambda: getattr(cpu, dt)(), f"Tensor.{dt}()")
+    assert moved.device == torch.device(dt, mod.current_device()), \
+        f"Tensor.{dt}() put the tensor on {moved.device}, not the current device"
+    assert torch.equal(moved.cpu(), cpu)
+    assert getattr(moved, f"is_{dt}") is True, f"Tensor.is_{dt} is False for a tensor on {moved.device}"
+    assert getattr(cpu, f"is_{dt}") is False, f"Tensor.is_{dt} is True for a CPU tensor"
+    assert getattr(moved, dt)().data_ptr() == moved.data_ptr(), \
+        f"Tensor.{dt}() copied a tensor already on the current device"
+    for j in reversed(range(n)):
+        for form in (j, f"{dt}:{j}", torch.device(dt, j)):
+            t = must(lambda: getattr(cpu, dt)(form), f"Tensor.{dt}({form!r})")
+            assert t.device == torch.device(dt, j), f"Tensor.{dt}({form!r}) landed on {t.device}"
+            assert getattr(t, f"is_{dt}") is True
+    fast = must(lambda: getattr(cpu, dt)(non_blocking=True), f"Tensor.{dt}(non_blocking=True)")
+    assert torch.equal(fast.cpu(), cpu)
+    must_raise(lambda: getattr(cpu, dt)("cpu"), f"Tensor.{dt}('cpu')", (RuntimeError, ValueError))
+
+    assert callable(getattr(torch.nn.Module, dt, None)), f"torch.nn.Module has no {dt}() method"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer("scale", torch.full((2,), 3.0))
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    returned = must(lambda: getattr(model, dt)(), f"Module.{dt}()")
+    assert returned is model, f"Module.{dt}() must return the module itself"
+    for key, value in model.state_dict().items():
+        assert value.device == torch.device(dt, mod.current_device()), f"Module.{dt}() left {key} on {value.device}"
+        assert torch.equal(value.cpu(), reference[key])
+    x = torch.randn(4, 3)
+    out = model(getattr(x, dt)())
+    assert torch.allclose(out.cpu(), x @ reference["weight"].t() + reference["bias"], atol=1e-6)
+    getattr(model, dt)(n - 1)
+    assert all(p.device == torch.device(dt, n - 1) for p in model.parameters()), f"Module.{dt}({n - 1}) failed"
+
+    packed_type = torch.nn.utils.rnn.PackedSequence
+    if hasattr(packed_type, dt):
+        packed = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+        on_device = must(lambda: getattr(packed, dt)(), f"PackedSequence.{dt}()")
+        assert on_device.data.device.type == dt and getattr(on_device, f"is_{dt}")
+
+
+@contract("TP-GEN-001")
+def test_generated_storage_methods(dt, n, mod):
+    if not hasattr(torch.UntypedStorage, dt):
+        pytest.skip(f"the backend did not generate storage methods (for_storage=False): "
+                    f"UntypedStorage.{dt}() does not exist")
+    cpu = torch.arange(40, dtype=torch.uint8).untyped_storage()
+    moved = must(lambda: getattr(cpu, dt)(), f"UntypedStorage.{dt}()")
+    assert moved.device == torch.device(dt, mod.current_device()), f"UntypedStorage.{dt}() is on {moved.device}"
+    assert getattr(moved, f"is_{dt}") is True and getattr(cpu, f"is_{dt}") is False
+    assert bytes(moved.cpu()) == bytes(cpu), f"UntypedStorage.{dt}() changed the bytes"
+    assert getattr(moved, dt)() is moved, f"UntypedStorage.{dt}() copied a storage already on the device"
+    last = must(lambda: getattr(cpu, dt)(n - 1), f"UntypedStorage.{dt}({n - 1})")
+    assert last.device == torch.device(dt, n - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated
+        typed = torch.arange(5, dtype=torch.float32).storage()
+        on_device = must(lambda: getattr(typed, dt)(), f"TypedStorage.{dt}()")
+        assert on_device.device.type == dt and getattr(on_device, f"is_{dt}") and on_device.dtype == torch.float32
+        assert list(on_device.cpu()) == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@contract("TP-GEN-001")
+def test_generated_methods_follow_the_current_device(dt, n, mod, two_devices):
+    _tensor_method(dt)
+    cpu = torch.arange(4, dtype=torch.float32)
+    on_zero = cpu.to(torch.device(dt, 0))
+    for j, setter in ((1, mod.set_device), (n - 1, torch.accelerator.set_device_index), (0, mod.set_device)):
+        setter(j)
+        here = torch.device(dt, j)
+        assert getattr(cpu, dt)().device == here, f"with device {j} current, Tensor.{dt}() did not land on it"
+        moved = getattr(on_zero, dt)()
+        assert moved.device == here and torch.equal(moved.cpu(), cpu), \
+            f"with device {j} current, Tensor.{dt}() of a tensor on {dt}:0 did not move it to {j}"
+        model = getattr(torch.nn.Linear(2, 2), dt)()
+        assert all(p.device == here for p in model.parameters()), f"Module.{dt}() ignored current device {j}"
+        if hasattr(torch.UntypedStorage, dt):
+            storage = getattr(cpu.untyped_storage(), dt)()
+            assert storage.device == here, f"UntypedStorage.{dt}() ignored current device {j}"
+    mod.set_device(1)
+    assert in_thread(lambda: getattr(cpu, dt)().device) == torch.device(dt, 0), \
+        f"in a new thread (device 0 current), Tensor.{dt}() used the main thread's device"
+
+
+# --------------------------------------------------------------- item / print
+
+
+ITEM_CASES = [
+    (torch.float32, [NAN, INF, -INF, -0.0, 1 / 3, 3.4e38, 1e-45]),
+    (torch.float64, [NAN, -INF, -0.0, math.pi, 1.7e308, 5e-324]),
+    (torch.float16, [65504.0, -0.0, INF, 6e-8]),
+    (torch.bfloat16, [3.0e38, -0.0, NAN, 1 / 3]),
+    (torch.int64, [-(2 ** 63), 2 ** 63 - 1, 0, -1]),
+    (torch.int32, [-(2 ** 31), 2 ** 31 - 1, 7]),
+    (torch.int8, [-128, 127, 0]),
+    (torch.uint8, [0, 255, 17]),
+    (torch.bool, [True, False]),
+    (torch.complex64, [complex(1.5, -2.0), complex(NAN, INF), complex(-0.0, 0.0)]),
+    (torch.complex128, [complex(math.e, -math.pi), complex(-INF, 1e-300)]),
+]
+
+
+def same_scalar(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, complex):
+        return same_scalar(a.real, b.real) and same_scalar(a.imag, b.imag)
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return a == b
+
+
+@contract("TP-ITEM-001")
+def test_item(dt, n):
+    device = torch.device(dt, n - 1)
+    problems = []
+    for dtype, values in ITEM_CASES:
+        cpu = torch.tensor(values, dtype=dtype)
+        on_device = cpu.to(device)
+        for k in range(len(values)):
+            try:
+                got = on_device[k].item()
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{dtype}[{k}].item() raised {type(e).__name__}: {e}")
+                continue
+            expected = cpu[k].item()
+            if not same_scalar(got, expected):
+                problems.append(f"{dtype}[{k}].item() is {got!r}, on CPU {expected!r}")
+        listed = must(on_device.tolist, f"tolist() of a {dtype} device tensor")
+        if len(listed) != len(values) or not all(map(same_scalar, listed, cpu.tolist())):
+            problems.append(f"{dtype} tolist() is {listed}, on CPU {cpu.tolist()}")
+    assert not problems, "item() of device tensors is wrong:\n  " + "\n  ".join(problems)
+
+    matrix = torch.arange(30, dtype=torch.float32).view(5, 6)
+    on_device = matrix.to(device)
+    for row, column in ((3, 2), (5, 0), (0, 4)):
+        assert on_device.t()[row, column].item() == matrix.t()[row, column].item(), \
+            f"item() of element {(row, column)} of a transposed view is wrong (strides/offset ignored?)"
+        assert on_device[column, row].item() == matrix[column, row].item()
+    assert torch.tensor(2.5, device=device).item() == 2.5, "item() of a 0-dim device tensor is wrong"
+    must_raise(lambda: on_device.item(), "item() of a 30-element device tensor", RuntimeError)
+
+    # item() must wait for the queued work that produced the value.
+    big = torch.full((1 << 20,), 3.0).to(device)
+    for _ in range(4):
+        big.mul_(2)
+    assert big[-1].item() == 48.0, "item() returned a value read before the queued in-place ops finished"
+    assert big.sum().item() == 48.0 * (1 << 20)
+
+
+PRINT_CASES = [
+    ("2-D float", lambda: torch.arange(6, dtype=torch.float32).view(2, 3)),
+    ("int64", lambda: torch.tensor([1, -2, 300])),
+    ("bool", lambda: torch.tensor([True, False])),
+    ("empty", lambda: torch.tensor([])),
+    ("0-dim", lambda: torch.tensor(3.25)),
+    ("special floats", lambda: torch.tensor([NAN, INF, -0.0])),
+    ("float16", lambda: torch.tensor([1.0, 2.5], dtype=torch.float16)),
+    ("summarized (2000 elements)", lambda: torch.linspace(-1, 1, 2000)),
+    ("complex", lambda: torch.tensor([1 + 2j, -0.5j])),
+    ("non-contiguous", lambda: torch.arange(12, dtype=torch.float64).view(3, 4).t()),
+]
+
+
+@contract("TP-ITEM-001")
+@pytest.mark.parametrize("name,make", PRINT_CASES, ids=[c[0] for c in PRINT_CASES])
+def test_printing(name, make, dt, n):
+    cpu = make()
+    device = torch.device(dt, n - 1)
+    on_device = cpu.to(device)
+    text = must(lambda: repr(on_device), f"repr() of a {name} device tensor")
+    must(lambda: str(on_device), f"str() of a {name} device tensor")
+    marker = f", device='{device}'"
+    words = " ".join(text.split())  # line breaks may move to make room for the device
+    assert marker in words, f"repr() of a {name} tensor on {device} does not name its device: {text!r}"
+    assert words.replace(marker, "") == " ".join(repr(cpu).split()), (
+        f"repr() of a {name} device tensor shows other values than on CPU:\n{text}\nvs CPU:\n{repr(cpu)}")

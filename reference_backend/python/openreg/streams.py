@@ -1,0 +1,120 @@
+"""Streams and events of OpenReg devices (torch.openreg.Stream / Event).
+
+They are torch.Stream / torch.Event objects: everything PyTorch does with
+generic streams and events (torch.accelerator.*, ``with stream:``,
+record_stream, wait_stream, elapsed_time) works on them. Each stream is
+served by its own worker thread in the runtime, so work launched on it
+really runs asynchronously; see docs/reference-backend/streams-events.md.
+
+Priorities: 0 (the default) and -1 (more urgent). Other values are clamped
+into that range, as CUDA does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+]
+
+
+def _index(device: Any) -> int:
+    from . import _device_index, current_device
+
+    index = _device_index(device, optional=True)
+    return current_device() if index == -1 else index
+
+
+class Stream(torch.Stream):
+    """A stream of an OpenReg device.
+
+    ``Stream(device=None, priority=0)`` takes a stream from the device's pool
+    (32 per priority, handed out round robin, like CUDA's pool).
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if kwargs:  # (stream_id, device_index, device_type): wrap an existing stream
+            return super().__new__(cls, **kwargs)
+        from . import _lazy_init
+
+        _lazy_init()
+        return super().__new__(cls, device=torch.device("openreg", _index(device)), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        return _C._stream_priority(self)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest) priority: (0, -1)."""
+        return (0, -1)
+
+    def __repr__(self) -> str:
+        return f"openreg.Stream(device=openreg:{self.device_index}, stream_id={self.stream_id}, priority={self.priority})"
+
+
+class Event(torch.Event):
+    """An event of an OpenReg device (created on first record, like CUDA)."""
+
+    def __new__(cls, device: Any = None, *, enable_timing: bool = False, **kwargs: Any) -> Event:
+        return super().__new__(cls, device=torch.device("openreg", _index(device)),
+                               enable_timing=enable_timing, **kwargs)
+
+
+def _wrap(stream: torch.Stream) -> Stream:
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                  device_type=stream.device_type)
+
+
+def current_stream(device: Any = None) -> Stream:
+    """The current stream of `device` in the calling thread."""
+    from . import _lazy_init
+
+    _lazy_init()
+    return _wrap(torch.accelerator.current_stream(_index(device)))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream of `device` (never one of the pool's streams)."""
+    from . import _lazy_init
+
+    _lazy_init()
+    return _wrap(_C._default_stream(_index(device)))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Make `stream` current for its device (and its device current)."""
+    torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """``with torch.openreg.stream(s):`` makes `s` current, then restores the
+    previous device and its stream. ``None`` does nothing."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> torch.Stream | None:
+        if self.stream is not None:
+            self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc_info: object) -> bool:
+        if self.stream is not None:
+            self.stream.__exit__(*exc_info)
+        return False
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    return StreamContext(stream)

@@ -1,0 +1,229 @@
+"""The harness on its own: verdicts (including crash and hang), expectations,
+manifests, the registry loader and the level computation. Scratch suites
+are run in subprocesses against OpenReg so that the real plugin is used."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kit_support import run_pytest
+from privateuse1_conformance.harness import backend as backend_mod
+from privateuse1_conformance.harness import expectations as expectations_mod
+from privateuse1_conformance.harness import registry as registry_mod
+from privateuse1_conformance.reports import model
+from privateuse1_conformance.reports.model import Verdict
+
+SCRATCH = '''
+import os, signal, time
+import pytest
+
+@pytest.mark.contract("DM-NAME-001")
+def test_crash():
+    print("last words before the crash", flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+@pytest.mark.contract("DM-NAME-002")
+def test_hang():
+    time.sleep(60)
+
+@pytest.mark.contract("DM-MOD-001")
+def test_fail():
+    assert 1 == 2, "one is not two"
+
+@pytest.mark.contract("DM-ACC-001")
+def test_error():
+    raise KeyError("boom")
+
+@pytest.mark.contract("DM-COUNT-001")
+def test_pass():
+    pass
+
+@pytest.mark.contract("DM-COUNT-002")
+def test_abort():
+    os.abort()
+
+@pytest.mark.contract("DM-COUNT-003")
+def test_exit():
+    os._exit(3)
+
+@pytest.mark.contract("DM-GET-001")
+def test_skip():
+    pytest.skip("not here")
+
+@pytest.mark.contract("DM-SET-001")
+def test_expected_failure():
+    assert False, "known"
+
+@pytest.mark.contract("DM-SET-002")
+def test_stale_expectation():
+    pass
+
+@pytest.mark.contract("EV-REC-001")
+def test_feature_not_claimed():
+    raise AssertionError("must not run: the manifest says events are absent")
+
+@pytest.mark.contract("DM-SET-003")
+def test_expectation_never_hides_a_crash():
+    os.kill(os.getpid(), signal.SIGSEGV)
+'''
+
+EXPECTATIONS = '''
+[[expect]]
+contract = "DM-SET-001"
+reason = "known failure"
+
+[[expect]]
+contract = "DM-SET-002"
+reason = "believed broken"
+
+[[expect]]
+contract = "DM-SET-003"
+reason = "crashes are never excused"
+'''
+
+
+@pytest.fixture(scope="module")
+def scratch_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scratch")
+    (folder / "test_scratch.py").write_text(SCRATCH)
+    (folder / "expect.toml").write_text(EXPECTATIONS)
+    (folder / "manifest.toml").write_text('[backend]\nunclaimed = ["events"]\n')
+    return run_pytest(["--backend=openreg", "--contract-timeout=3", "--expectations=expect.toml",
+                       "--manifest=manifest.toml", "test_scratch.py"], folder)
+
+
+def test_every_verdict_is_assigned(scratch_run):
+    verdicts = scratch_run.verdicts()
+    expected = {
+        "DM-NAME-001": "crash", "DM-NAME-002": "hang", "DM-MOD-001": "fail", "DM-ACC-001": "error",
+        "DM-COUNT-001": "pass", "DM-COUNT-002": "crash", "DM-COUNT-003": "crash", "DM-GET-001": "skip",
+        "DM-SET-001": "xfail", "DM-SET-002": "xpass", "EV-REC-001": "not-claimed",
+        "DM-SET-003": "crash",
+    }
+    assert {k: verdicts[k] for k in expected} == expected
+    assert scratch_run.returncode == 1, scratch_run.stdout[-2000:]
+    assert scratch_run.report["complete"] is True
+
+
+def test_crash_and_hang_messages_carry_diagnostics(scratch_run):
+    crash = scratch_run.contract("DM-NAME-001")["tests"][0]["message"]
+    assert "SIGSEGV" in crash and "last words before the crash" in crash
+    assert "test_crash" in crash, "the crash report should include the Python traceback"
+    hang = scratch_run.contract("DM-NAME-002")["tests"][0]["message"]
+    assert "did not finish within 3 s" in hang
+    assert "test_hang" in hang, "the hang report should say where the test was stuck"
+    assert "SIGABRT" in scratch_run.contract("DM-COUNT-002")["tests"][0]["message"]
+    assert "status 3" in scratch_run.contract("DM-COUNT-003")["tests"][0]["message"]
+
+
+def test_results_after_a_crash_are_kept(scratch_run):
+    # test_crash runs first; everything after it still has its own verdict.
+    verdicts = scratch_run.verdicts()
+    assert verdicts["DM-COUNT-001"] == "pass" and verdicts["DM-MOD-001"] == "fail"
+
+
+def test_stale_expectations_are_reported(scratch_run):
+    assert scratch_run.report["summary"]["stale_expectations"] == ["DM-SET-002"]
+    assert "Stale expectations" in scratch_run.stdout
+
+
+def test_rerun_command_reruns_one_test(scratch_run, tmp_path):
+    rerun = scratch_run.contract("DM-MOD-001")["tests"][0]["rerun"]
+    assert "--backend=openreg" in rerun and rerun.endswith("test_scratch.py::test_fail")
+
+
+def test_unknown_contract_id_fails_collection(tmp_path):
+    (tmp_path / "test_bad.py").write_text(textwrap.dedent('''
+        import pytest
+        @pytest.mark.contract("DM-NOPE-999")
+        def test_x():
+            pass
+        def test_without_contract():
+            pass
+    '''))
+    run = run_pytest(["--backend=openreg", "test_bad.py"], tmp_path)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "unknown contract ID 'DM-NOPE-999'" in run.stderr
+    assert "test_without_contract: declares no contract" in run.stderr
+
+
+def test_backend_that_does_not_exist_is_a_clear_usage_error(tmp_path):
+    run = run_pytest(["--backend=no_such_backend_module", "--pyargs", "privateuse1_conformance.conformance"],
+                     tmp_path)
+    assert run.returncode == 4
+    assert "no_such_backend_module" in run.stderr and "ModuleNotFoundError" in run.stderr
+
+
+def test_backend_that_crashes_on_import_is_reported(tmp_path):
+    (tmp_path / "crash_on_import.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    run = run_pytest(["--backend=crash_on_import", "--pyargs", "privateuse1_conformance.conformance"],
+                     tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert run.returncode == 4
+    assert "crash_on_import" in run.stderr and "killed by signal 11" in run.stderr
+
+
+# ----------------------------------------------------------- pure units
+
+def test_registry_rejects_malformed_entries(tmp_path):
+    good = registry_mod.load(registry_mod.default_path())
+    base = registry_mod.default_path().read_text()
+    cases = {
+        "duplicate": base + '\n[[contract]]\nid = "DM-SET-001"\narea = "device-management"\nlevel = "core"\nstatement = "x"\nsource = "y"\n',
+        "bad level": base + '\n[[contract]]\nid = "DM-NEW-001"\narea = "device-management"\nlevel = "expert"\nstatement = "x"\nsource = "y"\n',
+        "bad area": base + '\n[[contract]]\nid = "DM-NEW-001"\narea = "nowhere"\nlevel = "core"\nstatement = "x"\nsource = "y"\n',
+        "bad id": base + '\n[[contract]]\nid = "dm-new-1"\narea = "device-management"\nlevel = "core"\nstatement = "x"\nsource = "y"\n',
+        "bad feature": base + '\n[[contract]]\nid = "DM-NEW-001"\narea = "device-management"\nlevel = "core"\nstatement = "x"\nsource = "y"\nfeatures = ["teleport"]\n',
+    }
+    assert len(good.active()) > 70
+    for name, text in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.toml"
+        path.write_text(text)
+        with pytest.raises(registry_mod.RegistryError):
+            registry_mod.load(path)
+
+
+def test_expectations_and_manifest_validation(tmp_path):
+    registry = registry_mod.load(registry_mod.default_path())
+    bad = tmp_path / "bad.toml"
+    for text in ('[[expect]]\ncontract = "XX-NOPE-001"\nreason = "r"\n',
+                 '[[expect]]\ncontract = "DM-SET-001"\n',
+                 '[[expect]]\ncontract = "DM-SET-001"\nreason = "a"\n[[expect]]\ncontract = "DM-SET-001"\nreason = "b"\n'):
+        bad.write_text(text)
+        with pytest.raises(expectations_mod.ExpectationsError):
+            expectations_mod.load(bad, registry)
+    for text in ('[backend]\nclaims = "expert"\n', '[backend]\nunclaimed = ["teleport"]\n',
+                 '[backend]\nunknown_key = 1\n'):
+        bad.write_text(text)
+        with pytest.raises(backend_mod.BackendError):
+            backend_mod.Manifest.load(bad, registry)
+
+
+def _result(contract_id: str, level: str, verdicts: list[Verdict], unclaimed=()) -> model.ContractResult:
+    info = model.ContractInfo(contract_id, "a", level, "s", "src", list(unclaimed))
+    tests = [model.TestResult(f"t{i}", [contract_id], v) for i, v in enumerate(verdicts)]
+    return model.ContractResult(info, tests, list(unclaimed))
+
+
+def test_contract_verdict_is_its_worst_test():
+    assert _result("A", "core", [Verdict.PASS, Verdict.SKIP]).verdict is Verdict.SKIP
+    assert _result("A", "core", [Verdict.XFAIL, Verdict.CRASH, Verdict.FAIL]).verdict is Verdict.CRASH
+    assert _result("A", "core", [Verdict.PASS, Verdict.XPASS]).verdict is Verdict.XPASS
+    assert _result("A", "core", []).verdict is None
+
+
+def test_level_reached():
+    optional = {"amp"}
+    core_ok = _result("C", "core", [Verdict.PASS])
+    std_ok = _result("S", "standard", [Verdict.PASS])
+    full_optional_absent = _result("F", "full", [Verdict.NOT_CLAIMED], unclaimed=["amp"])
+    assert model.level_reached([core_ok, std_ok, full_optional_absent], optional) == "full"
+    full_mandatory_absent = _result("F", "full", [Verdict.NOT_CLAIMED], unclaimed=["fork"])
+    assert model.level_reached([core_ok, std_ok, full_mandatory_absent], optional) == "standard"
+    std_xfail = _result("S", "standard", [Verdict.XFAIL])
+    assert model.level_reached([core_ok, std_xfail], optional) == "core"
+    untested = _result("C2", "core", [])
+    assert model.level_reached([core_ok, untested, std_ok], optional) is None
+    assert [r.contract.id for r in model.blocking_contracts([core_ok, untested], optional, "core")] == ["C2"]

@@ -1,0 +1,159 @@
+"""Random number generation on OpenReg devices (contracts RG-*)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from _support import N, error_text
+
+
+def draw(device: str = "openreg", n: int = 8, **kwargs) -> torch.Tensor:
+    return torch.randn(n, device=device, **kwargs).cpu()
+
+
+def test_manual_seed_makes_device_draws_reproducible_without_warning():
+    """RG-SEED-001: torch.manual_seed(s) reaches the device; no 'does not take effect' warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(1234)
+        a = draw()
+        torch.manual_seed(1234)
+        b = draw()
+        torch.manual_seed(4321)
+        c = draw()
+    assert torch.equal(a, b), "torch.manual_seed(s) does not make torch.randn on openreg reproducible"
+    assert not torch.equal(a, c), "different seeds gave the same numbers"
+    noisy = [str(w.message) for w in caught if "effect" in str(w.message).lower()
+             or "openreg" in str(w.message).lower()]
+    assert not noisy, f"seeding warned: {noisy}"
+
+
+def test_manual_seed_reaches_every_device(n_devices):
+    """RG-ALL-001: torch.manual_seed seeds all devices; default generators number N."""
+    assert len(torch.openreg.default_generators) == n_devices
+    torch.manual_seed(99)
+    assert [g.initial_seed() for g in torch.openreg.default_generators] == [99] * n_devices
+    firsts = [draw(f"openreg:{i}") for i in range(n_devices)]
+    torch.manual_seed(99)
+    for i in range(n_devices):
+        assert torch.equal(draw(f"openreg:{i}"), firsts[i]), f"openreg:{i} not reproducible"
+
+
+def test_devices_draw_independently(two_devices):
+    """RG-INDEP-001: seeding or drawing on device 0 does not change device 1's sequence."""
+    torch.manual_seed(5)
+    reference = [draw("openreg:1") for _ in range(3)]
+    torch.manual_seed(5)
+    observed = []
+    for k in range(3):
+        draw("openreg:0", n=1000)  # draws on device 0 in between
+        torch.openreg.set_device(0)
+        torch.openreg.manual_seed(1000 + k)  # seeds the current device (0) only
+        torch.openreg.seed()
+        observed.append(draw("openreg:1"))
+    for k in range(3):
+        assert torch.equal(observed[k], reference[k]), (
+            f"draw {k} on openreg:1 changed after seeding/drawing on openreg:0")
+
+
+def test_module_manual_seed_seeds_current_device_only(two_devices):
+    torch.manual_seed(0)
+    torch.openreg.set_device(1)
+    torch.openreg.manual_seed(77)
+    assert torch.openreg.default_generators[1].initial_seed() == 77
+    assert torch.openreg.default_generators[0].initial_seed() == 0, (
+        "torch.openreg.manual_seed seeded a device that is not current")
+    assert torch.openreg.initial_seed() == 77
+
+
+def test_rng_state_round_trip_module(two_devices):
+    """RG-STATE-001: get_rng_state / set_rng_state reproduce the sequence, per device."""
+    torch.manual_seed(11)
+    for device in (0, 1):
+        state = torch.openreg.get_rng_state(device)
+        assert state.device.type == "cpu" and state.dtype == torch.uint8
+        first = draw(f"openreg:{device}")
+        draw(f"openreg:{device}")
+        torch.openreg.set_rng_state(state, device)
+        assert torch.equal(draw(f"openreg:{device}"), first), (
+            f"set_rng_state did not restore openreg:{device}")
+    states = torch.openreg.get_rng_state_all()
+    assert len(states) == N
+    expected = [draw(f"openreg:{i}") for i in range(N)]
+    torch.openreg.set_rng_state_all(states)
+    assert all(torch.equal(draw(f"openreg:{i}"), expected[i]) for i in range(N))
+    with pytest.raises(ValueError):
+        torch.openreg.set_rng_state_all(states[:-1])
+
+
+def test_rng_state_without_device_is_the_current_devices(two_devices):
+    torch.openreg.default_generators[0].manual_seed(1)
+    torch.openreg.default_generators[1].manual_seed(2)
+    torch.openreg.set_device(1)
+    state = torch.openreg.get_rng_state()
+    assert torch.equal(state, torch.openreg.default_generators[1].get_state()), (
+        "get_rng_state() on current device 1 is not device 1's state")
+    assert not torch.equal(state, torch.openreg.default_generators[0].get_state())
+
+
+def test_rng_state_round_trip_default_device_and_generator_object():
+    """RG-STATE-001 through the default device argument and a Generator object."""
+    state = torch.openreg.get_rng_state()
+    first = draw()
+    torch.openreg.set_rng_state(state)
+    assert torch.equal(draw(), first)
+    g = torch.Generator(device="openreg")
+    g.manual_seed(2024)
+    saved = g.get_state()
+    a = draw(generator=g)
+    b = draw(generator=g)
+    assert not torch.equal(a, b)
+    g.set_state(saved)
+    assert torch.equal(draw(generator=g), a), "Generator.set_state did not restore the sequence"
+    clone = torch.Generator(device="openreg")
+    clone.set_state(saved)
+    assert torch.equal(draw(generator=clone), a), "a state does not transfer between generators"
+
+
+def test_manual_seed_all_seed_all_initial_seed(n_devices):
+    """RG-ALL-001."""
+    torch.openreg.manual_seed_all(42)
+    assert [g.initial_seed() for g in torch.openreg.default_generators] == [42] * n_devices
+    assert torch.openreg.initial_seed() == 42
+    torch.openreg.seed_all()
+    seeds = {g.initial_seed() for g in torch.openreg.default_generators}
+    assert len(seeds) == 1 and seeds != {42}, f"seed_all gave {seeds}"
+    torch.openreg.seed()
+    assert torch.openreg.initial_seed() == torch.openreg.default_generators[0].initial_seed()
+
+
+def test_fork_rng_restores_device_state():
+    """RG-FORK-001."""
+    torch.manual_seed(3)
+    expected = draw()
+    torch.manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.random.fork_rng(device_type="openreg"):
+            draw(n=100)
+    assert torch.equal(draw(), expected), "fork_rng did not restore the device generator"
+
+
+@pytest.mark.parametrize("which", ["default", "new"])
+def test_offsets_raise_a_clear_error(which):
+    """RG-OFFSET-001: set_offset/get_offset raise a clear error."""
+    g = torch.openreg.default_generators[0] if which == "default" else torch.Generator(device="openreg")
+    for call in (lambda: g.set_offset(4), g.get_offset):
+        with pytest.raises(RuntimeError) as excinfo:
+            call()
+        message = error_text(excinfo)
+        assert "offset" in message.lower() and "OpenReg" in message, (
+            f"unclear offset error: {message!r}")
+
+
+def test_generator_of_another_type_is_rejected():
+    with pytest.raises(RuntimeError, match="openreg"):
+        torch.randn(3, device="openreg", generator=torch.Generator())
