@@ -77,3 +77,14 @@ def in_thread(call: Callable[[], Any], timeout: float = 30.0) -> Any:
 def message_names_range(message: str, count: int) -> bool:
     """Whether `message` names the valid range of device indices."""
     return bool(re.search(rf"\[\s*0\s*,\s*{count}\s*\)|0\s*(\.\.|to|-)\s*{count - 1}\b|{count}\b", message))
+
+
+def require_allocator(cxx) -> None:
+    """Fail (rather than crash) when the backend registered no allocator:
+    PyTorch then dereferences a null allocator for device storages."""
+    if not cxx.allocator_registered():
+        pytest.fail(
+            "no allocator is registered for PrivateUse1 (c10::SetAllocator or REGISTER_ALLOCATOR): "
+            "torch.UntypedStorage(n, device=...) would dereference a null allocator and crash",
+            pytrace=False,
+        )

@@ -15,7 +15,7 @@ import threading
 import pytest
 import torch
 
-from ._helpers import in_thread, must, must_raise
+from ._helpers import in_thread, must, must_raise, require_allocator
 
 contract = pytest.mark.contract
 
@@ -502,7 +502,8 @@ def test_pinned_allocator_initializes_first(mod, n, cxx, instrument):
     assert pinned.is_pinned(), "the first pin_memory() of the process returned unpinned memory"
     base_pinned, last_pinned, device = must(
         lambda: cxx.hooks_pinned_roundtrip(4096), "allocating through the hooks' getPinnedMemoryAllocator()")
-    assert device == "cpu", f"the pinned allocator's memory claims device type {device!r}; pinned memory is host (cpu) memory"
+    assert device == "cpu", \
+        f"the pinned allocator's memory claims device type {device!r}; pinned memory is host (cpu) memory"
     assert base_pinned and last_pinned, "isPinnedPtr does not recognize memory from getPinnedMemoryAllocator()"
     assert init_count() == 1
 
@@ -555,7 +556,8 @@ def test_hooks_device_functions_agree(mod, n, cxx):
     mod.set_device(n - 1)
     assert must(lambda: cxx.hooks_maybe_exchange_device(-1), "hooks maybeExchangeDevice(-1)") in (n - 1, -1)
     expect(n - 1, "hooks maybeExchangeDevice(-1)")
-    assert cxx.hooks_maybe_exchange_device(0) == n - 1, "hooks maybeExchangeDevice(0) did not return the previous device"
+    assert cxx.hooks_maybe_exchange_device(0) == n - 1, \
+        "hooks maybeExchangeDevice(0) did not return the previous device"
     expect(0, "hooks maybeExchangeDevice(0)")
 
     # The same validation as the module and the guard.
@@ -607,6 +609,7 @@ def test_storage_resize_keeps_the_prefix(dt, n, mod, cxx):
     size = 4096
     resizers = (("UntypedStorage.resize_", lambda s, m: s.resize_(m)),
                 ("hooks resizePrivateUse1Bytes", cxx.hooks_resize_bytes))
+    require_allocator(cxx)
     for name, resize in resizers:
         storage = must(lambda: torch.UntypedStorage(size, device=f"{dt}:{j}"),
                        f"torch.UntypedStorage({size}, device='{dt}:{j}')")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ._helpers import must, must_raise
+from ._helpers import must, must_raise, require_allocator
 
 contract = pytest.mark.contract
 
@@ -399,7 +399,7 @@ def test_out_of_memory_is_an_error_and_recoverable(dt, mod):
 
 
 @contract("MM-ZERO-001")
-def test_zero_size_tensors(dt, n):
+def test_zero_size_tensors(dt, n, cxx):
     empty = must(lambda: torch.empty(0, device=dt), "torch.empty(0, device)")
     assert empty.device.type == dt and empty.numel() == 0
     shapes = [(0,), (0, 3), (3, 0), (2, 0, 4)]
@@ -421,6 +421,7 @@ def test_zero_size_tensors(dt, n):
     assert torch.equal(joined.cpu(), torch.arange(6.0)), "torch.cat with zero-size parts changed the values"
     target = torch.empty(0, device=dt)
     must(lambda: target.copy_(torch.empty(0)), "copy_ of a zero-size CPU tensor into a zero-size device tensor")
+    require_allocator(cxx)
     storage = must(lambda: torch.UntypedStorage(0, device=dt), "torch.UntypedStorage(0, device)")
     assert storage.nbytes() == 0 and storage.device.type == dt
     grown = torch.empty(0, device=dt)

@@ -17,21 +17,31 @@ from privateuse1_conformance.reports.model import Verdict
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
 
-MESSAGE_LIMIT = 4000
+MESSAGE_LIMIT = 8000
 
 
-def _message(report: pytest.TestReport, verdict: Verdict) -> str:
-    if verdict is Verdict.PASS:
-        return ""
-    if verdict is Verdict.XFAIL or verdict is Verdict.XPASS:
-        text = getattr(report, "wasxfail", "")
-    elif report.skipped and isinstance(report.longrepr, tuple):
-        text = str(report.longrepr[2])
-    else:
-        text = report.longreprtext
+def _trim(text: str) -> str:
     if len(text) > MESSAGE_LIMIT:
-        text = text[: MESSAGE_LIMIT // 2] + "\n[...]\n" + text[-MESSAGE_LIMIT // 2 :]
+        return text[: MESSAGE_LIMIT // 2] + "\n[...]\n" + text[-MESSAGE_LIMIT // 2 :]
     return text
+
+
+def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
+    """(message, details): the short statement of what went wrong, and the
+    full report it comes from."""
+    if verdict is Verdict.PASS:
+        return "", ""
+    if verdict is Verdict.XPASS:
+        return getattr(report, "wasxfail", ""), ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]), ""
+    details = report.longreprtext
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else details.split("\n--- ", 1)[0]
+    message = message.removeprefix("Failed: ")  # pytest.fail's prefix says nothing
+    if verdict is Verdict.XFAIL:
+        message = f"{getattr(report, 'wasxfail', '')} (expected; actual: {message})"
+    return _trim(message), _trim(details)
 
 
 class RunRecorder:
@@ -51,11 +61,11 @@ class RunRecorder:
         verdict = Verdict(props["verdict"])
         contracts = [c for c in props.get("contracts", "").split(",") if c]
         existing = self.tests.get(report.nodeid)
-        message = _message(report, verdict)
+        message, details = _message(report, verdict)
         if existing is None:
             self.tests[report.nodeid] = model.TestResult(
                 nodeid=report.nodeid, contracts=contracts, verdict=verdict,
-                duration=report.duration, message=message,
+                duration=report.duration, message=message, details=details,
                 rerun=self.session.rerun_command(report.nodeid),
                 expectation=props.get("expectation", ""),
             )
@@ -65,6 +75,7 @@ class RunRecorder:
         if verdict.severity > existing.verdict.severity:
             existing.verdict = verdict
             existing.message = message
+            existing.details = details
             existing.expectation = props.get("expectation", existing.expectation)
 
     def build(self) -> list[model.ContractResult]:

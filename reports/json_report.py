@@ -16,6 +16,7 @@ def _test(t) -> dict[str, Any]:
         "verdict": t.verdict.value,
         "duration_s": round(t.duration, 6),
         "message": t.message,
+        "details": t.details,
         "rerun": t.rerun,
         "expectation": t.expectation,
     }

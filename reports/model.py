@@ -64,7 +64,9 @@ class TestResult:
     contracts: list[str]
     verdict: Verdict
     duration: float = 0.0
-    message: str = ""        # failure/skip reason, crash signal, hang timeout
+    message: str = ""        # what went wrong, in one line or a few: the assertion, the
+                             # exception, the crash signal, the hang timeout, the skip reason
+    details: str = ""        # the full report: traceback, crash output, thread dump
     rerun: str = ""          # a command that reruns just this test
     expectation: str = ""    # the expectations file's reason, when it applied
 

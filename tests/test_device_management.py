@@ -233,15 +233,16 @@ def test_set_device_beyond_int64_is_a_range_error(two_devices, index):
     assert_current(1, f"after the failed set_device({index})")
 
 
-def test_set_device_minus_one_and_indexless_device_are_noops(two_devices):
-    """DM-SET-003: set_device(-1) and set_device(torch.device('openreg')) change nothing."""
+def test_set_device_minus_one_is_a_noop_and_indexless_device_is_rejected(two_devices):
+    """DM-SET-003: set_device(-1) changes nothing; a device without an index
+    is a ValueError (as torch.accelerator.set_device_index), state unchanged."""
     torch.openreg.set_device(1)
     torch.openreg.set_device(-1)
     assert_current(1, "after torch.openreg.set_device(-1)")
-    torch.openreg.set_device(torch.device("openreg"))
-    assert_current(1, "after torch.openreg.set_device(torch.device('openreg'))")
-    torch.openreg.set_device("openreg")
-    assert_current(1, "after torch.openreg.set_device('openreg')")
+    for indexless in (torch.device("openreg"), "openreg"):
+        with pytest.raises(ValueError, match="with an index"):
+            torch.openreg.set_device(indexless)
+        assert_current(1, f"after the rejected torch.openreg.set_device({indexless!r})")
 
 
 @pytest.mark.parametrize("device", ["cpu:0", "cpu", torch.device("cpu", 0), torch.device("meta")])

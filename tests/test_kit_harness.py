@@ -109,12 +109,13 @@ def test_every_verdict_is_assigned(scratch_run):
 
 
 def test_crash_and_hang_messages_carry_diagnostics(scratch_run):
-    crash = scratch_run.contract("DM-NAME-001")["tests"][0]["message"]
-    assert "SIGSEGV" in crash and "last words before the crash" in crash
-    assert "test_crash" in crash, "the crash report should include the Python traceback"
-    hang = scratch_run.contract("DM-NAME-002")["tests"][0]["message"]
-    assert "did not finish within 3 s" in hang
-    assert "test_hang" in hang, "the hang report should say where the test was stuck"
+    crash = scratch_run.contract("DM-NAME-001")["tests"][0]
+    assert "SIGSEGV" in crash["message"]
+    assert "last words before the crash" in crash["details"]
+    assert "test_crash" in crash["details"], "the crash report should include the Python traceback"
+    hang = scratch_run.contract("DM-NAME-002")["tests"][0]
+    assert "did not finish within 3 s" in hang["message"]
+    assert "test_hang" in hang["details"], "the hang report should say where the test was stuck"
     assert "SIGABRT" in scratch_run.contract("DM-COUNT-002")["tests"][0]["message"]
     assert "status 3" in scratch_run.contract("DM-COUNT-003")["tests"][0]["message"]
 

@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from _support import N, run_json
+from _support import N, run_json, run_python
 
 A = torch.accelerator
 MiB = 1 << 20
@@ -195,3 +195,43 @@ def test_is_pinned_before_init_and_out_of_memory():
     assert result["after"] == 2000.0, "the device does not work after an OOM"
     assert result["fits"] == 300_000
     assert result["other_device"] == 10.0
+
+
+# ---------------------------------------------------------------- deadlocks
+# The allocator must not hold its lock (and the host must not hold what a
+# worker needs) while waiting for the device: work finishing on a worker may
+# have to free memory meanwhile. Each scenario runs in a subprocess with a
+# timeout, so that a regression is a failure, not a hung test run.
+
+def test_out_of_memory_retry_does_not_deadlock_with_pending_frees():
+    code = """
+import torch
+x = torch.ones(4096, 4096, device="openreg")     # 64 MiB
+y = torch.empty(4096, 4096, device="openreg")
+y.copy_(x.t())                                  # a kernel still queued or running
+del x                                           # freed while the kernel may run
+try:
+    torch.empty(1 << 28, device="openreg")      # 1 GiB: forces the cache release path
+except torch.OutOfMemoryError:
+    pass
+print(float(y[0, 1]))
+"""
+    returncode, stdout, stderr = run_python(code, env={"OPENREG_DEVICE_MEMORY": "1G"}, timeout=60)
+    assert returncode == 0, stderr
+    assert stdout.strip().endswith("1.0")
+
+
+def test_empty_cache_does_not_deadlock_with_running_work():
+    code = """
+import torch
+torch.empty(1024, device="openreg")
+x = torch.ones(4096, 4096, device="openreg")
+y = torch.empty(4096, 4096, device="openreg")
+for _ in range(4):
+    y.copy_(x.t())
+torch.openreg.empty_cache()                     # holds the GIL while the device finishes
+print(torch.openreg.memory_reserved() >= 0)
+"""
+    returncode, stdout, stderr = run_python(code, timeout=60)
+    assert returncode == 0, stderr
+    assert stdout.strip().endswith("True")

@@ -112,6 +112,10 @@ PYBIND11_MODULE(_cxx, m) {
 
   // ------------------------------------------------------------- hooks
   m.def("hooks_registered", [] { return at::isPrivateUse1HooksRegistered(); });
+  // c10::GetAllocator returns null in release builds when nothing is
+  // registered, and torch.UntypedStorage(n, device=...) then dereferences it:
+  // the suite asks first, to report a missing allocator instead of a crash.
+  m.def("allocator_registered", [] { return c10::GetAllocator(kType) != nullptr; });
   m.def("hooks_is_built", [] { return hooks().isBuilt(); });
   m.def("hooks_is_available", [] { return hooks().isAvailable(); });
   m.def("hooks_has_primary_context",

@@ -105,21 +105,34 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     const bool small = size <= kSmallLimit;
     DeviceCache& cache = *caches_[device];
 
-    std::unique_lock<std::mutex> lock(cache.mutex);
-    reclaim_finished(cache);
-    Block* block = take_cached(cache, stream, size);
+    Block* block = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      reclaim_finished(cache);
+      block = take_cached(cache, stream, size);
+    }
     if (!block) {
+      // No lock while asking the runtime (and while releasing the cache,
+      // which waits for the device): work finishing on a worker may free
+      // blocks of this device meanwhile.
       void* ptr = nullptr;
       orError_t status = orMalloc(&ptr, size);
       if (status == orErrorMemoryAllocation) {
         // Give the cache back to the runtime and try once more.
-        cache.stats.num_alloc_retries++;
+        {
+          std::lock_guard<std::mutex> lock(cache.mutex);
+          cache.stats.num_alloc_retries++;
+        }
         release_cache(cache, device);
         status = orMalloc(&ptr, size);
       }
       if (status == orErrorMemoryAllocation) {
-        cache.stats.num_ooms++;
-        const auto& s = cache.stats;
+        DeviceStats s;
+        {
+          std::lock_guard<std::mutex> lock(cache.mutex);
+          cache.stats.num_ooms++;
+          s = cache.stats;
+        }
         size_t free_bytes = 0, total_bytes = 0;
         orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes);
         TORCH_CHECK_WITH(OutOfMemoryError, false,
@@ -132,10 +145,12 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       }
       OPENREG_CHECK(status);
       block = new Block{device, stream, size, 0, ptr, {}};
+      std::lock_guard<std::mutex> lock(cache.mutex);
       cache.stats.num_device_alloc++;
       update(cache.stats.segment, size, small, 1);
       update(cache.stats.reserved_bytes, size, small, static_cast<int64_t>(size));
     }
+    std::lock_guard<std::mutex> lock(cache.mutex);
     block->requested = nbytes;
     cache.active.emplace(block->ptr, block);
     update(cache.stats.allocation, size, small, 1);
@@ -166,20 +181,14 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
                 "OpenReg: memory pools are not supported");
     for (const auto device : c10::irange(caches_.size())) {
       if (!is_device_initialized(static_cast<c10::DeviceIndex>(device))) continue;
-      DeviceCache& cache = *caches_[device];
-      std::lock_guard<std::mutex> lock(cache.mutex);
-      release_cache(cache, static_cast<int>(device));
+      release_cache(*caches_[device], static_cast<int>(device));
     }
   }
 
   void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
     if (!data_ptr.get() || data_ptr.get_deleter() != &delete_block) return;
     auto* block = static_cast<Block*>(data_ptr.get_context());
-    native_stream(stream);  // validates
-    TORCH_CHECK(stream.device_index() == block->device,
-                "OpenReg: record_stream: the memory is on device ",
-                static_cast<int>(block->device), " but the stream is on device ",
-                static_cast<int>(stream.device_index()));
+    native_stream(stream);  // validates; streams of other devices are fine (peer copies)
     DeviceCache& cache = *caches_[block->device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     if (stream == block->stream) return;
@@ -238,15 +247,15 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       return;
     }
     std::vector<orEvent_t> events;
-    on_device(block->device, [&] {
-      for (const auto& use : block->uses) {
+    for (const auto& use : block->uses) {
+      orStream_t native = nullptr;
+      try {
+        native = native_stream(use);
+      } catch (...) {
+        continue;  // cannot happen for a stream record_stream accepted
+      }
+      on_device(use.device_index(), [&] {
         orEvent_t event = nullptr;
-        orStream_t native = nullptr;
-        try {
-          native = native_stream(use);
-        } catch (...) {
-          continue;
-        }
         if (orEventCreateWithFlags(&event, orEventDisableTiming) == orSuccess) {
           if (orEventRecord(event, native) == orSuccess) {
             events.push_back(event);
@@ -254,9 +263,9 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
             orEventDestroy(event);
           }
         }
-      }
-      return orSuccess;
-    });
+        return orSuccess;
+      });
+    }
     block->uses.clear();
     cache.pending.emplace_back(block, std::move(events));
   }
@@ -293,24 +302,41 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     return block;
   }
 
-  // Waits for the device, then returns every cached block to the runtime.
+  // Returns every cached block to the runtime. The blocks are taken out of
+  // the cache first (nobody can reuse them), then the device is waited for
+  // (their last uses were queued before that), then they are freed. The
+  // lock is held only around bookkeeping, never while waiting: a worker
+  // finishing work may need to free blocks of this device meanwhile.
   static void release_cache(DeviceCache& cache, int device) {
-    if (cache.cached.empty() && cache.pending.empty()) return;
-    orDeviceSynchronize(device);
-    cache.stats.num_sync_all_streams++;
-    reclaim_finished(cache);
-    for (auto& [key, blocks] : cache.cached) {
-      for (Block* block : blocks) {
-        const bool small = block->size <= kSmallLimit;
-        orFree(block->ptr);
-        cache.stats.num_device_free++;
-        update(cache.stats.segment, block->size, small, -1);
-        update(cache.stats.reserved_bytes, block->size, small,
-               -static_cast<int64_t>(block->size));
-        delete block;
+    std::vector<Block*> released;
+    std::vector<std::pair<Block*, std::vector<orEvent_t>>> pending;
+    {
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      for (auto& [key, blocks] : cache.cached) {
+        released.insert(released.end(), blocks.begin(), blocks.end());
       }
+      cache.cached.clear();
+      pending.swap(cache.pending);
+      if (released.empty() && pending.empty()) return;
+      cache.stats.num_sync_all_streams++;
     }
-    cache.cached.clear();
+    orDeviceSynchronize(device);
+    for (auto& [block, events] : pending) {
+      for (orEvent_t e : events) {
+        orEventSynchronize(e);  // uses on other devices' streams
+        orEventDestroy(e);
+      }
+      released.push_back(block);
+    }
+    for (Block* block : released) orFree(block->ptr);
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    for (Block* block : released) {
+      const bool small = block->size <= kSmallLimit;
+      cache.stats.num_device_free++;
+      update(cache.stats.segment, block->size, small, -1);
+      update(cache.stats.reserved_bytes, block->size, small, -static_cast<int64_t>(block->size));
+      delete block;
+    }
   }
 
   std::vector<std::unique_ptr<DeviceCache>> caches_;

@@ -9,7 +9,8 @@
 //    allocated. A freed block goes back to that stream's cache and is reused
 //    only by allocations on the same stream: stream order then guarantees
 //    that earlier work on the memory is finished before later work starts.
-//  * record_stream(block, other) adds a user stream. When such a block is
+//  * record_stream(block, other) adds a user stream (of any device: peer
+//    copies read blocks of another device). When such a block is
 //    freed, an event is recorded on each user stream, and the block returns to
 //    the cache only after all of them complete.
 //  * On out-of-memory the device's cache is released (after synchronizing the

@@ -13,7 +13,6 @@ namespace openreg {
 namespace {
 
 struct KernelTask {
-  std::vector<at::Tensor> keep_alive;
   std::function<void()> body;
   bool wait;
   std::exception_ptr error;  // wait mode: handed back to the caller
@@ -40,61 +39,85 @@ orError_t run_task(void* arg) {
   return status;
 }
 
+at::Tensor make_alias(const c10::Storage& cpu, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
+                      c10::IntArrayRef strides, int64_t offset, bool conj, bool neg) {
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  alias._set_conj(conj);
+  alias._set_neg(neg);
+  return alias;
+}
+
 }  // namespace
 
-void launch_kernel(const c10::Stream& stream, std::vector<at::Tensor> keep_alive,
-                   std::function<void()> body, bool wait) {
+TensorRef::TensorRef(const at::Tensor& t)
+    : storage_data(t.storage().mutable_data()),
+      storage_nbytes(t.storage().nbytes()),
+      sizes(t.sizes().vec()),
+      strides(t.strides().vec()),
+      storage_offset(t.storage_offset()),
+      dtype(t.dtype()),
+      conj(t.is_conj()),
+      neg(t.is_neg()) {
+  TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
+}
+
+void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool wait) {
   const orStream_t native = native_stream(stream);
   if (wait) {
-    KernelTask task{std::move(keep_alive), std::move(body), true, nullptr};
+    KernelTask task{std::move(body), true, nullptr};
     OPENREG_CHECK(orLaunchKernel(native, &run_task, &task));
     OPENREG_CHECK(orStreamSynchronize(native));
     if (task.error) std::rethrow_exception(task.error);
     return;
   }
-  auto* task = new KernelTask{std::move(keep_alive), std::move(body), false, nullptr};
+  auto* task = new KernelTask{std::move(body), false, nullptr};
   const orError_t status = orLaunchKernel(native, &run_task, task);
   if (status != orSuccess) delete task;
   OPENREG_CHECK(status);
+}
+
+const c10::Storage& AliasBuilder::cpu_storage_for(void* device_data, size_t nbytes) {
+  auto it = cpu_by_device_data_.find(device_data);
+  if (it != cpu_by_device_data_.end()) return it->second;
+  void* accessible = nullptr;
+  if (device_data != nullptr && nbytes > 0) {
+    OPENREG_CHECK(orKernelMapPointer(device_data, nbytes, &accessible));
+  }
+  c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes,
+                   c10::DataPtr(accessible, c10::Device(c10::kCPU)),
+                   /*allocator=*/nullptr, /*resizable=*/false);
+  return cpu_by_device_data_.emplace(device_data, std::move(cpu)).first->second;
+}
+
+at::Tensor AliasBuilder::alias(const TensorRef& ref) {
+  return make_alias(cpu_storage_for(ref.storage_data, ref.storage_nbytes), ref.dtype,
+                    ref.sizes, ref.strides, ref.storage_offset, ref.conj, ref.neg);
 }
 
 at::Tensor AliasBuilder::alias(const at::Tensor& t) {
   if (!t.defined()) return t;
   TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
   const c10::Storage& storage = t.storage();
-  auto it = by_device_.find(storage.unsafeGetStorageImpl());
-  if (it == by_device_.end()) {
-    const size_t nbytes = storage.nbytes();
-    void* accessible = nullptr;
-    if (storage.data() != nullptr && nbytes > 0) {
-      OPENREG_CHECK(orKernelMapPointer(storage.data(), nbytes, &accessible));
-    }
-    c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes,
-                     c10::DataPtr(accessible, c10::Device(c10::kCPU)),
-                     /*allocator=*/nullptr, /*resizable=*/false);
-    it = by_device_.emplace(storage.unsafeGetStorageImpl(), Entry{storage, cpu}).first;
-    by_cpu_.emplace(it->second.cpu.unsafeGetStorageImpl(), &it->second.device);
-  }
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(it->second.cpu), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                     t.storage_offset());
-  alias._set_conj(t.is_conj());
-  alias._set_neg(t.is_neg());
-  return alias;
+  const c10::Storage& cpu = cpu_storage_for(storage.mutable_data(), storage.nbytes());
+  device_by_cpu_.emplace(cpu.unsafeGetStorageImpl(), storage);
+  return make_alias(cpu, t.dtype(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),
+                    t.is_neg());
 }
 
-const c10::Storage* AliasBuilder::device_storage_of(
-    const c10::StorageImpl* cpu_storage) const {
-  auto it = by_cpu_.find(cpu_storage);
-  return it == by_cpu_.end() ? nullptr : it->second;
+const c10::Storage* AliasBuilder::device_storage_of(const c10::StorageImpl* cpu_storage) const {
+  auto it = device_by_cpu_.find(cpu_storage);
+  return it == device_by_cpu_.end() ? nullptr : &it->second;
 }
 
 at::Tensor device_view(const c10::Storage& storage, const at::Tensor& like,
                        c10::DispatchKeySet key_set) {
+  // Not the TensorImpl::VIEW constructor: it would leave out the autograd
+  // keys and make an inference tensor without a version counter. Autograd
+  // records the view relation above us, in ADInplaceOrView.
   auto view = at::detail::make_tensor<c10::TensorImpl>(
-      c10::TensorImpl::VIEW, c10::Storage(storage), key_set, like.dtype());
+      c10::Storage(storage), key_set, like.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
                                                     like.storage_offset());
   view._set_conj(like.is_conj());

@@ -16,32 +16,49 @@
 
 namespace openreg {
 
+// What a kernel needs to know about a device tensor, without owning it.
+// Asynchronous kernels hold these instead of tensors: a tensor destroyed on
+// a worker thread could need the GIL (its Python object) or the allocator
+// while the host waits for that worker. Memory safety comes from the caching
+// allocator instead: a block freed by the host is reused only by later work
+// on its own stream (or after record_stream's events), as on CUDA.
+struct TensorRef {
+  explicit TensorRef(const at::Tensor& t);
+  void* storage_data;       // device address of the storage (null if empty)
+  size_t storage_nbytes;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset;
+  caffe2::TypeMeta dtype;
+  bool conj;
+  bool neg;
+};
+
 // Enqueues `body` on `stream`. The body runs on the stream's worker with
 // autograd keys excluded, and builds the aliases it needs (AliasBuilder).
-// `keep_alive` (device tensors the body reads or writes) lives until it ran.
 //  * wait == false: returns at once; an exception in `body` becomes the
-//    stream's sticky error, raised by the next synchronization.
+//    stream's sticky error, raised by the next synchronization. The body must
+//    not own tensors (capture TensorRefs).
 //  * wait == true: returns when the stream has finished the kernel (and all
 //    work before it) and rethrows an exception from `body`. The body may then
-//    use state of the caller's frame.
-void launch_kernel(const c10::Stream& stream, std::vector<at::Tensor> keep_alive,
-                   std::function<void()> body, bool wait);
+//    use state of the caller's frame, tensors included.
+void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool wait);
 
 // Worker-side helper: builds CPU aliases, reusing one alias storage per
 // device storage. Only valid inside a kernel of the storage's device.
 class AliasBuilder {
  public:
+  at::Tensor alias(const TensorRef& ref);
+  // Also remembers the device storage, for device_storage_of.
   at::Tensor alias(const at::Tensor& device_tensor);
-  // The device storage whose alias is `cpu_storage`, or nullptr.
+  // The device storage whose alias is `cpu_storage`, or nullptr (only for
+  // storages aliased through alias(const at::Tensor&)).
   const c10::Storage* device_storage_of(const c10::StorageImpl* cpu_storage) const;
 
  private:
-  struct Entry {
-    c10::Storage device;
-    c10::Storage cpu;
-  };
-  std::unordered_map<const c10::StorageImpl*, Entry> by_device_;
-  std::unordered_map<const c10::StorageImpl*, const c10::Storage*> by_cpu_;
+  const c10::Storage& cpu_storage_for(void* device_data, size_t nbytes);
+  std::unordered_map<void*, c10::Storage> cpu_by_device_data_;
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> device_by_cpu_;
 };
 
 // A device tensor viewing `storage` with the geometry and dtype of `like`

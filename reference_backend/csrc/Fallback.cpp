@@ -137,14 +137,15 @@ c10::IValue to_meta(const c10::IValue& value) {
 }
 
 // Grows out= arguments on the device so that the CPU kernel finds them big
-// enough (alias storages cannot grow). No-op if Meta cannot tell.
-void grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+// enough (alias storages cannot grow). Returns whether any grew (false if
+// Meta cannot tell).
+bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& arguments = op.schema().arguments();
   bool has_out = false;
   for (size_t i = 0; i < args.size(); ++i) {
     has_out |= writes(arguments[i]) && arguments[i].kwarg_only() && args[i].isTensor();
   }
-  if (!has_out || !op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) return;
+  if (!has_out || !op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) return false;
   torch::jit::Stack meta_stack;
   for (size_t i = 0; i < args.size(); ++i) {
     meta_stack.push_back(is_optional_generator(arguments[i]) ? c10::IValue() : to_meta(args[i]));
@@ -153,8 +154,9 @@ void grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
   } catch (const c10::Error&) {
-    return;  // the CPU kernel will report the problem
+    return false;  // the CPU kernel will report the problem
   }
+  bool grew = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (!(writes(arguments[i]) && arguments[i].kwarg_only() && args[i].isTensor())) continue;
     const at::Tensor& out = args[i].toTensor();
@@ -163,8 +165,12 @@ void grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
     const size_t needed = at::detail::computeStorageNbytes(
         shaped.sizes(), shaped.strides(), shaped.dtype().itemsize(), shaped.storage_offset());
     auto* storage = out.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+    if (needed > storage->nbytes()) {
+      resize_storage_bytes(storage, needed);
+      grew = true;
+    }
   }
+  return grew;
 }
 
 // Worker side: replaces device tensors by aliases and device generators by
@@ -245,24 +251,34 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               static_cast<int>(device), ": it has neither an OpenReg kernel nor "
               "a CPU kernel to fall back on");
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-  grow_out_arguments(op, args);
 
-  std::vector<at::Tensor> keep_alive;
-  for (const c10::IValue& value : args) {
-    for_each_tensor(value, [&](const at::Tensor& t) {
-      if (on_openreg(t)) keep_alive.push_back(t);
-    });
-  }
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
   torch::jit::Stack results;
-  launch_kernel(current_stream(device), std::move(keep_alive), [&] {
-    for (size_t i = 0; i < num_args; ++i) {
-      cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, device));
+  auto run = [&] {
+    launch_kernel(current_stream(device), [&] {
+      for (size_t i = 0; i < num_args; ++i) {
+        cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, device));
+      }
+      results = cpu_args;
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
+    }, /*wait=*/true);
+  };
+  try {
+    run();
+  } catch (const c10::Error& e) {
+    // An out= tensor that must grow: alias storages cannot, so grow it on the
+    // device (Meta tells the size) and run again. Only then, because Meta
+    // kernels can be Python and slow to import.
+    if (std::string(e.what()).find("not resizable") == std::string::npos ||
+        !grow_out_arguments(op, args)) {
+      throw;
     }
-    results = cpu_args;
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
-  }, /*wait=*/true);
+    builder = AliasBuilder();
+    cpu_args.clear();
+    results.clear();
+    run();
+  }
 
   // Kernels may reshape mutable arguments (e.g. resize an out= tensor).
   for (size_t i = 0; i < num_args; ++i) {

@@ -33,7 +33,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // Guard destructors call this: it must never throw, so an invalid device
-  // (which no guard could have produced) is ignored with a warning.
+  // (which no guard could have produced) is ignored: the device stays.
   void uncheckedSetDevice(Device device) const noexcept override {
     const auto count = device_count();
     if (device.type() != kType || device.index() < 0 || device.index() >= count) {
@@ -99,6 +99,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "OpenReg: an event of device ", static_cast<int>(device_index),
                 " cannot be recorded on a stream of device ",
                 static_cast<int>(stream.device_index()));
+    TORCH_CHECK(flag != c10::EventFlag::INVALID, "OpenReg: record: invalid event flag");
     auto* handle = static_cast<orEvent_t>(*event);
     if (!handle) {
       const unsigned flags = flag == c10::EventFlag::BACKEND_DEFAULT

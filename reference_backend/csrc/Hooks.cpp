@@ -88,7 +88,15 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
 };
 
 // Registered when the library loads (at `import openreg`), exactly once.
+// The Python package refuses to load us when another backend holds
+// PrivateUse1; should it happen anyway, a throw here (inside dlopen's static
+// initialization) would abort the process, so warn instead.
 const bool g_registered = [] {
+  if (at::isPrivateUse1HooksRegistered()) {
+    TORCH_WARN("OpenReg: PrivateUse1 hooks are already registered by another backend; "
+               "OpenReg's hooks are not installed");
+    return false;
+  }
   at::RegisterPrivateUse1HooksInterface(new OpenRegHooks());
   return true;
 }();

@@ -89,6 +89,11 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
   TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
               "OpenReg: set_: the storage must be on an OpenReg device, got ",
               source.device());
+  // As at::native::checkSetStorage: set_ never moves a tensor to another device.
+  TORCH_CHECK(source.device() == self.storage().device(),
+              "Attempted to set the storage of a tensor on device \"", self.storage().device(),
+              "\" to a storage on different device \"", source.device(),
+              "\". This is no longer allowed; the devices must match.");
   TORCH_CHECK(offset >= 0, "OpenReg: set_: storage_offset must be >= 0, got ", offset);
   auto* impl = self.unsafeGetTensorImpl();
   if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
@@ -127,6 +132,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceGuard guard(self.device());  // the empty storage stays on self's device
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(),
                      /*resizable=*/true);
   return set_storage(self, empty, 0, {0}, {});
@@ -140,7 +146,7 @@ bool plain_layout(const at::Tensor& t) {
 
 // Same-device copy with conversion/striding: a kernel running CPU copy_.
 void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Stream& stream) {
-  launch_kernel(stream, {src, dst}, [src, dst] {
+  launch_kernel(stream, [src = TensorRef(src), dst = TensorRef(dst)] {
     AliasBuilder builder;
     builder.alias(dst).copy_(builder.alias(src));
   }, /*wait=*/false);
@@ -186,9 +192,9 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), staged_src.const_data_ptr(),
                               target.nbytes(), orMemcpyDeviceToDevice,
                               native_stream(dst_stream)));
-  // Keep the staging buffer (a block of src's device) alive until the copy on
-  // dst's stream has run: a no-op kernel behind the copy holds the last ref.
-  launch_kernel(dst_stream, {staged_src}, [] {}, /*wait=*/false);
+  // The staging buffer is a block of src's device read by dst's stream: it
+  // must not be reused before that stream's copy has run.
+  record_stream(staged_src.storage().data_ptr(), dst_stream);
   if (!target.is_same(dst)) copy_on_device(target, dst, dst_stream);
 }
 
@@ -270,6 +276,26 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// PyTorch routes F.dropout on PrivateUse1 to native_dropout, which has no
+// generator argument: through the CPU fallback it would draw from the CPU
+// generator. Build the mask with bernoulli_ on the device instead, so that it
+// draws from the device's default generator. Semantics as the CPU kernel.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  if (input.numel() == 0) {
+    return {input, at::empty_like(input, input.options().dtype(c10::kBool))};
+  }
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(c10::kBool))};
+  }
+  const double keep = 1.0 - p;
+  const double scale = keep == 0 ? 0.0 : 1.0 / keep;
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
+  mask.bernoulli_(keep);
+  return {input.mul(mask).mul_(scale), mask};
+}
+
 void record_stream_op(at::Tensor& self, c10::Stream stream) {
   record_stream(self.storage().data_ptr(), stream);
 }
@@ -291,6 +317,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream_op));
+  m.impl("native_dropout", TORCH_FN(native_dropout));
 }
 
 }  // namespace openreg

@@ -24,7 +24,21 @@ from typing import Any
 
 import torch
 
-from . import _C
+
+def _check_privateuse1_is_free() -> None:
+    """Refuse to load when another backend holds PrivateUse1: loading our
+    library would register a second set of kernels, guard and hooks."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", "openreg"):
+        raise RuntimeError(
+            f"Cannot load OpenReg: PrivateUse1 is already claimed by the backend {name!r} "
+            "in this process (only one PrivateUse1 backend can be loaded)"
+        )
+
+
+_check_privateuse1_is_free()
+
+from . import _C  # noqa: E402 - loading it registers the backend with PyTorch
 
 __all__ = [
     "Event",
@@ -37,6 +51,8 @@ __all__ = [
     "device_count",
     "empty_cache",
     "get_amp_supported_dtype",
+    "get_device_name",
+    "get_device_properties",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -144,8 +160,30 @@ def _device_index(device: Any, *, optional: bool) -> int:
                 f"Expected an OpenReg device ({_BACKEND_NAME!r}), but got a "
                 f"{device.type!r} device"
             )
-        return -1 if device.index is None else device.index
+        if device.index is None:
+            if optional:
+                return -1
+            raise ValueError(
+                f"Expected an OpenReg device with an index or an int, but got {device}"
+            )
+        return device.index
     return device
+
+
+def _resolve_device(device: Any) -> int:
+    """The index `device` names (None: the current device), validated:
+    out-of-range indices raise RuntimeError naming the index and the range,
+    like every OpenReg entry point."""
+    index = _device_index(device, optional=True)
+    if index == -1:
+        return current_device()
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(
+            f"OpenReg: device={index} is out of range: valid device indices are [0, {count})"
+            if count else f"OpenReg: device={index} is invalid: there are no OpenReg devices"
+        )
+    return index
 
 
 def current_device() -> int:
@@ -157,9 +195,11 @@ def current_device() -> int:
 def set_device(device: Any) -> None:
     """Make `device` current for the calling thread.
 
-    -1 (and a torch.device without index) is a no-op, as in
-    ``torch.accelerator.set_device_index``. Any other index outside
-    ``[0, device_count())`` raises RuntimeError and changes nothing.
+    -1 is a no-op, as in ``torch.accelerator.set_device_index``. Any other
+    index outside ``[0, device_count())`` (including -2 and below, which
+    torch.cuda.set_device silently ignores) raises RuntimeError naming the
+    index and the range, and changes nothing. A torch.device without an
+    index raises ValueError, as torch.accelerator.set_device_index does.
     """
     index = _device_index(device, optional=False)
     if index == -1:
@@ -276,8 +316,7 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 
 def _stats_device(device: Any) -> int:
-    index = _device_index(device, optional=True)
-    return current_device() if index == -1 else index
+    return _resolve_device(device)
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
@@ -320,6 +359,33 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return torch._C._accelerator_getMemoryInfo(_stats_device(device))
 
 
+# ------------------------------------------------------------- properties
+
+
+class _DeviceProperties:
+    """What torch.openreg.get_device_properties() returns."""
+
+    def __init__(self, index: int, total_memory: int) -> None:
+        self.name = "OpenReg simulated device"
+        self.index = index
+        self.total_memory = total_memory
+        self.type = _BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return (f"_OpenRegDeviceProperties(name={self.name!r}, index={self.index}, "
+                f"total_memory={self.total_memory // 2**20}MB)")
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    """Name, index and memory size of `device` (default: current)."""
+    index = _resolve_device(device)
+    return _DeviceProperties(index, mem_get_info(index)[1])
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
 # --------------------------------------------------------------------- amp
 
 
@@ -332,12 +398,6 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def _claim_privateuse1() -> tuple[torch.Generator, ...]:
-    current = torch._C._get_privateuse1_backend_name()
-    if current not in ("privateuseone", _BACKEND_NAME):
-        raise RuntimeError(
-            f"Cannot load OpenReg: PrivateUse1 is already claimed by the backend "
-            f"{current!r} in this process (only one PrivateUse1 backend can be loaded)"
-        )
     torch.utils.rename_privateuse1_backend(_BACKEND_NAME)
     torch._register_device_module(_BACKEND_NAME, sys.modules[__name__])
     torch.utils.generate_methods_for_privateuse1_backend(
@@ -347,6 +407,10 @@ def _claim_privateuse1() -> tuple[torch.Generator, ...]:
 
 
 default_generators: tuple[torch.Generator, ...] = _claim_privateuse1()
+
+from . import _dynamo  # noqa: E402
+
+_dynamo.install()
 
 from .streams import (  # noqa: E402 - after the device type exists
     Event,

@@ -4,7 +4,7 @@ They are torch.Stream / torch.Event objects: everything PyTorch does with
 generic streams and events (torch.accelerator.*, ``with stream:``,
 record_stream, wait_stream, elapsed_time) works on them. Each stream is
 served by its own worker thread in the runtime, so work launched on it
-really runs asynchronously; see docs/reference-backend/streams-events.md.
+really runs asynchronously; see docs/reference-backend/streams-and-events.md.
 
 Priorities: 0 (the default) and -1 (more urgent). Other values are clamped
 into that range, as CUDA does.
@@ -30,10 +30,9 @@ __all__ = [
 
 
 def _index(device: Any) -> int:
-    from . import _device_index, current_device
+    from . import _resolve_device
 
-    index = _device_index(device, optional=True)
-    return current_device() if index == -1 else index
+    return _resolve_device(device)
 
 
 class Stream(torch.Stream):
@@ -65,11 +64,24 @@ class Stream(torch.Stream):
 
 
 class Event(torch.Event):
-    """An event of an OpenReg device (created on first record, like CUDA)."""
+    """An event of an OpenReg device (created on first record, like CUDA).
+
+    ``record()`` without a stream records on the current stream of the
+    event's device (torch.Event alone would use the current device's).
+    """
 
     def __new__(cls, device: Any = None, *, enable_timing: bool = False, **kwargs: Any) -> Event:
-        return super().__new__(cls, device=torch.device("openreg", _index(device)),
-                               enable_timing=enable_timing, **kwargs)
+        index = _index(device)
+        event = super().__new__(cls, device=torch.device("openreg", index),
+                                enable_timing=enable_timing, **kwargs)
+        event._openreg_index = index
+        return event
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        super().record(current_stream(self._openreg_index) if stream is None else stream)
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        super().wait(current_stream(self._openreg_index) if stream is None else stream)
 
 
 def _wrap(stream: torch.Stream) -> Stream:

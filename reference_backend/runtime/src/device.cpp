@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <climits>
@@ -35,7 +36,7 @@ bool parse_size(const char* text, size_t* out) {
   errno = 0;
   char* end = nullptr;
   unsigned long long value = std::strtoull(text, &end, 10);
-  if (end == text || errno != 0 || text[0] == '-') return false;
+  if (!std::isdigit(static_cast<unsigned char>(text[0])) || errno != 0) return false;
   std::string suffix(end);
   unsigned shift = 0;
   if (suffix.empty() || suffix == "B") shift = 0;
@@ -57,7 +58,8 @@ Config parse_config() {
     errno = 0;
     char* end = nullptr;
     long value = std::strtol(text, &end, 10);
-    if (end == text || *end != '\0' || errno != 0 || value < 0 ||
+    // strtol skips leading blanks and signs: accept plain digits only.
+    if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || errno != 0 ||
         value > OR_MAX_DEVICE_COUNT) {
       c.error = orErrorInitialization;
       c.error_message = std::string("OPENREG_DEVICE_COUNT='") + text +
@@ -269,8 +271,12 @@ orError_t orDeviceInit(int device) {
 }
 
 orError_t orDeviceSynchronize(int device) {
-  Device* d = nullptr;
-  if (orError_t e = get_device("orDeviceSynchronize", device, &d)) return e;
+  // A device that was never used has no work: nothing to wait for, and no
+  // reason to initialize it.
+  if (orError_t e = check_device("orDeviceSynchronize", "device", device)) return e;
+  if (orError_t e = check_not_forked("orDeviceSynchronize")) return e;
+  Device* d = device_if_initialized(device);
+  if (!d) return orSuccess;
   std::vector<orStream*> streams;
   {
     std::lock_guard<std::mutex> lock(d->streams_mutex);

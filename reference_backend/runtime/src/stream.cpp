@@ -2,6 +2,9 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -107,6 +110,11 @@ void orStream::wait_for(uint64_t seq) {
 
 void orStream::run() {
   tls_kernel_device = device;
+  if (priority < 0) {
+    // A scheduling hint; without the privilege to raise priorities it is
+    // simply not applied (see runtime.h).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), -5);
+  }
   for (;;) {
     Task task;
     {
@@ -424,6 +432,7 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
 }
 
 orError_t orEventQuery(orEvent_t event) {
+  if (orError_t e = check_not_forked("orEventQuery")) return e;
   if (!live(event)) {
     return fail(orErrorInvalidHandle, "orEventQuery: event=%p is not a live "
                 "OpenReg event", static_cast<void*>(event));
@@ -435,6 +444,8 @@ orError_t orEventQuery(orEvent_t event) {
 }
 
 orError_t orEventSynchronize(orEvent_t event) {
+  // In a forked child the worker that would complete the event is gone.
+  if (orError_t e = check_not_forked("orEventSynchronize")) return e;
   if (!live(event)) {
     return fail(orErrorInvalidHandle, "orEventSynchronize: event=%p is not a "
                 "live OpenReg event", static_cast<void*>(event));

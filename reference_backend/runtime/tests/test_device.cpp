@@ -244,6 +244,9 @@ TEST(DeviceInitTest, ConcurrentFirstUseInitializesOnce) {
   report.ExpectOk(orDeviceGetStreamPriorityRange(&least, &greatest),
                   "orDeviceGetStreamPriorityRange");
   report.Expect(!IsInitialized(3), "orSetDevice alone does not initialize");
+  // A device that never ran anything has nothing to wait for.
+  report.ExpectOk(orDeviceSynchronize(4), "orDeviceSynchronize(4) of an unused device");
+  report.Expect(!IsInitialized(4), "orDeviceSynchronize does not initialize an unused device");
   report.Expect(Counters().device_inits == 0, "no device_inits yet");
 
   // Memory, streams and events initialize only the device they use.
@@ -562,7 +565,9 @@ INSTANTIATE_TEST_SUITE_P(Values, InvalidDeviceCountDeathTest,
                                          BadSetting{"Negative", "-1"},
                                          BadSetting{"NotANumber", "abc"},
                                          BadSetting{"Empty", ""},
-                                         BadSetting{"TrailingJunk", "2x"}),
+                                         BadSetting{"TrailingJunk", "2x"},
+                                         BadSetting{"LeadingBlank", " 2"},
+                                         BadSetting{"PlusSign", "+2"}),
                          SettingName);
 
 class InvalidDeviceMemoryDeathTest
@@ -619,6 +624,14 @@ TEST(ForkTest, ChildOfAnInitializedProcessCannotUseDevices) {
   void* parent_memory = nullptr;
   ASSERT_OK(orMalloc(&parent_memory, 64));  // initializes device 0
   const int parent_count = DeviceCount();
+  // An event whose work is still queued when the process forks.
+  orStream_t busy = nullptr;
+  ASSERT_OK(orStreamCreate(&busy));
+  Gate gate;
+  ASSERT_OK(gate.Block(busy));
+  orEvent_t pending_event = nullptr;
+  ASSERT_OK(orEventCreate(&pending_event));
+  ASSERT_OK(orEventRecord(pending_event, busy));
   const std::string failures = RunInForkedChild([&](ChildReport& report) {
     int count = -1;
     report.ExpectOk(orGetDeviceCount(&count), "orGetDeviceCount");
@@ -633,6 +646,11 @@ TEST(ForkTest, ChildOfAnInitializedProcessCannotUseDevices) {
                        {"orDeviceSynchronize", "spawn"}, "orDeviceSynchronize");
     report.ExpectFails(orStreamSynchronize(nullptr), orErrorForkedProcess,
                        {"orStreamSynchronize", "spawn"}, "orStreamSynchronize");
+    // The parent's event was pending at fork time; its worker is gone here.
+    report.ExpectFails(orEventSynchronize(pending_event), orErrorForkedProcess,
+                       {"orEventSynchronize", "spawn"}, "orEventSynchronize");
+    report.ExpectFails(orEventQuery(pending_event), orErrorForkedProcess,
+                       {"orEventQuery", "spawn"}, "orEventQuery");
     std::vector<unsigned char> host(8);
     // The parent's allocations are off limits too.
     report.ExpectFails(orMemcpy(parent_memory, host.data(), 8, orMemcpyHostToDevice),
@@ -649,6 +667,10 @@ TEST(ForkTest, ChildOfAnInitializedProcessCannotUseDevices) {
     report.Expect(initialized == 0, "no device is initialized in the child");
   });
   EXPECT_EQ(failures, "");
+  gate.Open();
+  EXPECT_OK(orEventSynchronize(pending_event));
+  EXPECT_OK(orEventDestroy(pending_event));
+  EXPECT_OK(orStreamDestroy(busy));
   // The parent is unaffected.
   const std::vector<unsigned char> data = Pattern(64, 8);
   ASSERT_OK(orMemcpy(parent_memory, data.data(), 64, orMemcpyHostToDevice));

@@ -72,8 +72,11 @@ OR_API orError_t orDeviceInit(int device);
 OR_API orError_t orDeviceSynchronize(int device);
 OR_API orError_t orDeviceGetMemoryInfo(int device, size_t* free_bytes,
                                        size_t* total_bytes);
-// Priorities range from `least` (0, the default) to `greatest` (-1, served
-// first). Like CUDA, a numerically lower priority is more urgent.
+// Priorities range from `least` (0, the default) to `greatest` (-1). Like
+// CUDA, a numerically lower priority is more urgent. Each stream's work runs
+// on its own thread; the thread of a priority -1 stream runs at a higher OS
+// scheduling priority (nice -5) where the process may raise priorities, so
+// its work is served first when workers compete for CPUs.
 OR_API orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest);
 
 // ----------------------------------------------------------------- memory
