@@ -5,20 +5,27 @@ SHELL := /bin/bash
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 BUILD_DIR := build/cmake
+REPORT_DIR ?= conformance-report
 # Pinned tools of the project's own environment (torch must stay pinned: an
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 
-.PHONY: conformance test build setup system-packages
+.PHONY: conformance test benchmarks build setup system-packages
 
-## Main job: run the reference backend and print its device table.
+## Main job: the conformance suite against the reference backend; the
+## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
 conformance: build
 	$(PYTHON) -m openreg
+	$(VENV)/bin/privateuse1-conformance run --backend openreg --report-dir $(REPORT_DIR)
 
 ## All of the project's tests: the runtime's GoogleTest suite and pytest.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
 	$(PYTHON) -m pytest tests -n 2 -q
+
+## All benchmarks: a table of ratios against the targets, and benchmarks/results.json.
+benchmarks: build
+	$(PYTHON) benchmarks/run_all.py
 
 ## Build and install (editable) into the virtual environment.
 build: setup
@@ -33,8 +40,12 @@ $(VENV)/.pip-stamp: pyproject.toml Makefile
 	$(PYTHON) -m pip install --quiet $(PIP_PACKAGES)
 	touch $@
 
+# GoogleTest and CMake build the C++ parts (Google Benchmark the C++
+# benchmarks); chromium checks the HTML report in a real (headless) browser.
+SYSTEM_PACKAGES := libgtest-dev libbenchmark-dev cmake g++ chromium
+
 system-packages:
-	@if ! dpkg -s libgtest-dev cmake >/dev/null 2>&1; then \
+	@if ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libgtest-dev cmake g++; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(SYSTEM_PACKAGES); \
 	fi

@@ -1,30 +1,72 @@
 """privateuse1-conformance: the kit's command-line program.
 
-    privateuse1-conformance run --backend NAME [--level L] [--manifest F]
-                                [--expectations F] [--report-dir D] [-- PYTEST ARGS]
+    privateuse1-conformance run --backend NAME [--level L] [--manifest F] [--expectations F]
+                                [--report-dir D] [--contract ID ...] [-- PYTEST ARGS]
+    privateuse1-conformance verify REPORT.json [--level L]
+    privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
+    privateuse1-conformance render REPORT.json [--report-dir D]
     privateuse1-conformance contracts [--level L] [--area A] [--format text|markdown|json]
 
 `run` runs the installed suite with pytest in this process (which becomes
 the warm parent every test is forked from) and writes the reports.
+
+Exit codes (docs/reports.md): run returns pytest's (0 all passed, 1 some
+test did not, 2 interrupted, 3 internal error, 4 usage error); verify 0
+verified, 1 not verified; diff 0 no regression, 1 regression; verify, diff
+and render 2 when a report cannot be read or is not a valid report.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
 
+from privateuse1_conformance.reports import diff as diff_mod
+from privateuse1_conformance.reports import json_report, model, writer
+from privateuse1_conformance.reports import verify as verify_mod
+
 from . import registry as registry_mod
+
+EXIT_UNUSABLE_REPORT = 2
 
 SUITE_PACKAGE = "privateuse1_conformance.conformance"
 PLUGIN = "privateuse1_conformance.harness.plugin"
 DEFAULT_REPORT_DIR = "conformance-report"
 
 
+class _ContractSelection:
+    """A pytest plugin keeping only the tests of the given contracts (runs
+    after the conformance plugin has validated every declaration)."""
+
+    def __init__(self, contract_ids: list[str]) -> None:
+        self.contract_ids = set(contract_ids)
+
+    def pytest_collection_modifyitems(self, config, items) -> None:
+        from .plugin import MARKER
+
+        keep, drop = [], []
+        for item in items:
+            declared = {c for marker in item.iter_markers(MARKER) for c in marker.args}
+            (keep if declared & self.contract_ids else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+
+
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
+    plugins = []
+    if args.contract:
+        registry = registry_mod.load(registry_mod.default_path())
+        unknown = [c for c in args.contract if c not in {a.id for a in registry.active()}]
+        if unknown:
+            print(f"unknown or retired contract ID(s): {', '.join(unknown)}", file=sys.stderr)
+            return 4
+        plugins.append(_ContractSelection(args.contract))
     pytest_args = [
         "-p", PLUGIN,
         "-p", "no:cacheprovider",
@@ -37,15 +79,74 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value:
             pytest_args.append(f"--{option}={value}")
-    if args.jobs and args.jobs > 1:
+    # xdist workers would not get the selection plugin; a contract's tests are few anyway.
+    if args.jobs and args.jobs > 1 and not args.contract:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args
-    code = pytest.main(pytest_args)
-    report = Path(args.report_dir) / "report.json"
-    if report.exists():
-        print(f"reports written to {Path(args.report_dir).resolve()}")
+    code = pytest.main(pytest_args, plugins=plugins)
+    folder = Path(args.report_dir).resolve()
+    written = [name for name in [writer.JSON_FILE, *(n for n, _ in writer.RENDERINGS.values())]
+               if (folder / name).exists()]
+    if written:
+        print(f"reports written to {folder}: {', '.join(written)}")
     # pytest: 0 all passed, 1 some failed — both are complete runs.
     return int(code)
+
+
+def _read_report(path: str) -> dict | None:
+    """A schema-valid report, or None after saying why not."""
+    try:
+        document = json_report.load(path)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return None
+    problems = json_report.schema_problems(document)
+    if problems:
+        print(f"{path}: not a valid report (format {json_report.FORMAT} "
+              f"version {json_report.FORMAT_VERSION}):", file=sys.stderr)
+        for problem in problems[:20]:
+            print(f"  - {problem}", file=sys.stderr)
+        return None
+    return document
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        document = json_report.load(args.report)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return EXIT_UNUSABLE_REPORT
+    registry_path = Path(args.registry or registry_mod.default_path())
+    registry = registry_mod.load(registry_path)
+    contracts = [model.ContractInfo(c.id, c.area, c.level, c.statement, c.source, list(c.features))
+                 for c in registry.active()]
+    optional = {f.name for f in registry.features.values() if f.optional}
+    result = verify_mod.verify(document, contracts, optional, args.level,
+                               registry_sha256=hashlib.sha256(registry_path.read_bytes()).hexdigest())
+    print(verify_mod.format_text(result, args.report), end="")
+    return 0 if result.ok else 1
+
+
+def _diff(args: argparse.Namespace) -> int:
+    old, new = _read_report(args.old), _read_report(args.new)
+    if old is None or new is None:
+        return EXIT_UNUSABLE_REPORT
+    result = diff_mod.diff(old, new)
+    print(diff_mod.FORMATS[args.format](result), end="")
+    return 1 if result.regressed else 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    document = _read_report(args.report)
+    if document is None:
+        return EXIT_UNUSABLE_REPORT
+    problem = json_report.digest_problem(document)
+    if problem:
+        print(f"warning: {args.report}: {problem}", file=sys.stderr)
+    folder = Path(args.report_dir) if args.report_dir else Path(args.report).parent
+    for path in writer.render_all(folder, document).values():
+        print(path)
+    return 0
 
 
 def _contracts(args: argparse.Namespace) -> int:
@@ -112,8 +213,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR)
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before a test counts as hung")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
+    run.add_argument("--contract", action="append", metavar="ID",
+                     help="run only the tests of this contract (repeatable)")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     run.set_defaults(handler=_run)
+
+    verify = commands.add_parser(
+        "verify", help="check a report: schema, digest, consistency, completeness, provenance and "
+                       "every mandatory contract of the level satisfied exactly once")
+    verify.add_argument("report", help="report.json")
+    verify.add_argument("--level", choices=registry_mod.LEVELS,
+                        help="the level to verify (default: the level the report claims, else the one it reached)")
+    verify.add_argument("--registry", help=argparse.SUPPRESS)
+    verify.set_defaults(handler=_verify)
+
+    diff = commands.add_parser("diff", help="compare two reports: regressions, fixes, added/removed "
+                                            "contracts, level change (exit 1 on a regression)")
+    diff.add_argument("old", help="the baseline report.json")
+    diff.add_argument("new", help="the report.json to judge")
+    diff.add_argument("--format", choices=sorted(diff_mod.FORMATS), default="text")
+    diff.set_defaults(handler=_diff)
+
+    render = commands.add_parser("render", help="write the JUnit, Markdown, HTML and badge renderings "
+                                                "of a report.json")
+    render.add_argument("report", help="report.json")
+    render.add_argument("--report-dir", help="where to write them (default: the report's folder)")
+    render.set_defaults(handler=_render)
 
     contracts = commands.add_parser("contracts", help="list the contract registry")
     contracts.add_argument("--level", choices=registry_mod.LEVELS, help="up to this level")

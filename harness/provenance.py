@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from privateuse1_conformance.reports.model import Provenance
+
+from . import backend as backend_mod
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -31,30 +35,92 @@ def kit_version() -> str:
         return "unknown"
 
 
-def kit_commit() -> str | None:
-    """The git commit of the kit's sources, when they are a git checkout."""
+def _git(*args: str) -> str | None:
+    """Output of a git command in the kit's source folder; None if it fails."""
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
+    return result.stdout if result.returncode == 0 else None
+
+
+def kit_commit() -> str | None:
+    """The git commit of the kit's sources, when they are a git checkout
+    (suffix -dirty: tracked files were modified)."""
+    # An installed kit inside some other repository (a venv in a vendor's
+    # checkout) must not report that repository's commit.
+    if _git("ls-files", "--error-unmatch", Path(__file__).name) is None:
         return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    head = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    if head is None:
+        return None
+    return head.strip() + ("-dirty" if dirty and dirty.strip() else "")
+
+
+# Tools whose version can change a verdict.
+PACKAGES = ("pytest", "pytest-xdist", "hypothesis", "numpy")
+# Environment variables worth recording are those that steer torch or the
+# backend; names that look like credentials never are.
+_SECRET = re.compile("TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY", re.IGNORECASE)
+
+
+def _torch_build(torch) -> str:
+    if torch.version.cuda:
+        return f"cuda {torch.version.cuda}"
+    if getattr(torch.version, "hip", None):
+        return f"rocm {torch.version.hip}"
+    return "cpu"
+
+
+def _backend_version(session: ConformanceSession) -> str | None:
+    """The backend's version; for a registered profile without one, the
+    version of the distribution that registered the profile."""
+    if session.backend.version:
+        return session.backend.version
+    for entry_point in metadata.entry_points(group=backend_mod.ENTRY_POINT_GROUP):
+        if entry_point.name == session.backend.requested and entry_point.dist is not None:
+            return f"{entry_point.dist.version} ({entry_point.dist.metadata['Name']})"
+    return None
+
+
+def _packages() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _environment(session: ConformanceSession) -> dict[str, str]:
+    prefixes = {"TORCH_", "PYTORCH_", f"{session.backend.device_type.upper()}_",
+                f"{session.backend.module_name.split('.')[0].upper()}_"}
+    return {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if (name.startswith(tuple(prefixes)) or name in ("PYTHONHASHSEED", "OMP_NUM_THREADS"))
+        and not _SECRET.search(name)
+    }
+
+
+def _seeds(session: ConformanceSession) -> dict[str, str]:
+    # The suite's own seeds are constants in its code; what varies between
+    # runs is Hypothesis' (the suite derandomizes it unless a seed is given)
+    # and Python's hash seed.
+    seed = getattr(session.config.option, "hypothesis_seed", None)
+    return {
+        "hypothesis": str(seed) if seed is not None else "derandomized",
+        "python_hash": os.environ.get("PYTHONHASHSEED", "random"),
+    }
 
 
 def collect(session: ConformanceSession, started: float, duration: float) -> Provenance:
     import torch
 
     backend = session.backend
-    cuda = torch.version.cuda
-    seeds = {}
-    seed = getattr(session.config.option, "hypothesis_seed", None)
-    if seed is not None:
-        seeds["hypothesis"] = str(seed)
     warnings = []
     if session.parent_initialized:
         warnings.append("the backend was initialized by importing it; tests ran in processes "
@@ -63,22 +129,29 @@ def collect(session: ConformanceSession, started: float, duration: float) -> Pro
         kit_version=kit_version(),
         kit_commit=kit_commit(),
         torch_version=torch.__version__,
-        torch_build=f"cuda {cuda}" if cuda else "cpu",
+        torch_build=_torch_build(torch),
         torch_cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-        python=sys.version.split()[0],
+        torch_git_version=str(getattr(torch.version, "git_version", "")),
+        python=f"{sys.version.split()[0]} ({platform.python_implementation()})",
         platform=platform.platform(),
         backend_requested=backend.requested,
+        backend_name=backend.name,
         backend_module=backend.module_name,
-        backend_version=backend.version,
+        backend_version=_backend_version(session),
+        backend_file=str(getattr(backend.module, "__file__", "") or ""),
         device_type=backend.device_type,
         device_count=session.device_count,
         command_line=list(sys.argv),
+        working_directory=os.getcwd(),
         level_checked=session.level,
         isolation=session.isolation,
         timeout_s=session.timeout,
-        seeds=seeds,
+        seeds=_seeds(session),
         manifest=_file_record(backend.manifest.path),
         expectations=_file_record(session.expectations_path),
+        registry=_file_record(session.registry.path),
+        packages=_packages(),
+        environment=_environment(session),
         started=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
         duration_s=round(duration, 3),
         warnings=warnings,

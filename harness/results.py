@@ -6,6 +6,10 @@ controller (workers only run tests).
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shlex
+import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
@@ -18,6 +22,10 @@ if TYPE_CHECKING:
     from .plugin import ConformanceSession
 
 MESSAGE_LIMIT = 8000
+# report.json is rewritten after every finished test, unless writing takes
+# long compared with testing: then at most 1/WRITE_SHARE of the run's time.
+WRITE_SHARE = 20
+CLI = "privateuse1-conformance"
 
 
 def _trim(text: str) -> str:
@@ -51,6 +59,13 @@ class RunRecorder:
         self.tests: dict[str, model.TestResult] = {}
         self.results: list[model.ContractResult] = []
         self.reached: str | None = None
+        self.started = time.time()
+        self.report_dir = None if self.is_worker else session.config.getoption("report_dir")
+        self._provenance: model.Provenance | None = None
+        self._next_write = 0.0
+        if self.report_dir:
+            # For the hooks below (the incremental report).
+            session.config.pluginmanager.register(self, "privateuse1-conformance-recorder")
 
     def add(self, report: pytest.TestReport) -> None:
         if self.is_worker:
@@ -92,26 +107,52 @@ class RunRecorder:
                 features=list(contract.features),
             )
             unclaimed = sorted(set(contract.features) & self.session.unclaimed)
-            results.append(model.ContractResult(info, by_contract.get(contract.id, []), unclaimed))
+            results.append(model.ContractResult(info, by_contract.get(contract.id, []), unclaimed,
+                                                rerun=self.contract_rerun_command(contract.id)))
         return results
+
+    def contract_rerun_command(self, contract_id: str) -> str:
+        """A command that reruns the installed suite's tests of one contract,
+        from any folder (paths made absolute)."""
+        config = self.session.config
+        args = [CLI, "run", f"--backend={self.session.backend.requested}", f"--contract={contract_id}"]
+        for option in ("manifest", "expectations"):
+            if config.getoption(option):
+                args.append(f"--{option}={os.path.abspath(config.getoption(option))}")
+        if config.getoption("level"):
+            args.append(f"--level={config.getoption('level')}")
+        from .plugin import DEFAULT_TIMEOUT
+
+        if self.session.timeout != DEFAULT_TIMEOUT:
+            args.append(f"--timeout={self.session.timeout:g}")
+        return shlex.join(args)
 
     def optional_features(self) -> set[str]:
         return {f.name for f in self.session.registry.features.values() if f.optional}
 
-    def run(self, complete: bool, started: float, duration: float) -> model.Run:
+    def provenance(self, started: float, duration: float) -> model.Provenance:
+        # Collected once (it runs git and hashes files), then only timed again.
         from .provenance import collect
 
+        if self._provenance is None:
+            self._provenance = collect(self.session, started, duration)
+        return dataclasses.replace(self._provenance, duration_s=round(duration, 3))
+
+    def run(self, complete: bool, started: float, duration: float) -> model.Run:
         session = self.session
         self.results = self.build()
         self.reached = model.level_reached(self.results, self.optional_features())
         return model.Run(
-            provenance=collect(session, started, duration),
+            provenance=self.provenance(started, duration),
             contracts=self.results,
             optional_features=sorted(self.optional_features()),
             unclaimed_features=sorted(session.unclaimed),
             claimed_level=session.backend.manifest.claims,
             complete=complete,
-            uncovered=[c.id for c in session.registry.up_to(session.level) if c.id not in session.covered],
+            # Known only once collection is over everywhere (xdist workers
+            # report it when they stop): empty in the reports written meanwhile.
+            uncovered=[c.id for c in session.registry.up_to(session.level) if c.id not in session.covered]
+            if complete else [],
             stale_expectations=self.stale_expectations(),
         )
 
@@ -119,11 +160,33 @@ class RunRecorder:
         if self.is_worker:
             return
         run = self.run(complete=exitstatus in (0, 1), started=started, duration=duration)
-        report_dir = self.session.config.getoption("report_dir")
-        if report_dir:
+        if self.report_dir:
             from privateuse1_conformance.reports import writer
 
-            writer.write_all(report_dir, run)
+            writer.write_all(self.report_dir, run)
+
+    # ------------------------------------------------ incremental report
+
+    def _write_partial(self) -> None:
+        """Rewrite report.json with what has finished so far, marked
+        incomplete: a run that is killed or crashes leaves it behind."""
+        from privateuse1_conformance.reports import json_report, writer
+
+        began = time.monotonic()
+        run = self.run(complete=False, started=self.started, duration=time.time() - self.started)
+        writer.write_json(self.report_dir, json_report.to_document(run), compact=True)
+        ended = time.monotonic()
+        self._next_write = ended + (WRITE_SHARE - 1) * (ended - began)
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from privateuse1_conformance.reports import writer
+
+        writer.remove_renderings(self.report_dir)
+        self._write_partial()
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        if time.monotonic() >= self._next_write:
+            self._write_partial()
 
     # ----------------------------------------------------------- summary
 

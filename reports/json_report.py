@@ -1,53 +1,273 @@
-"""The canonical JSON document of a run."""
+"""The canonical JSON document of a run, its schema and its digest.
+
+Every other format is rendered from this document (not from the model), so
+that a reviewer can re-render, diff and verify a published report with
+nothing but the JSON file. See docs/reports.md for the format.
+
+The document holds no floating-point numbers (durations are integer
+milliseconds): its canonical form is then the same whatever the JSON library,
+which keeps the digest reproducible outside Python.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from .model import Run, Verdict
+from .model import LEVELS, ContractInfo, ContractResult, Provenance, Run, TestResult, Verdict, contract_satisfied
 
+FORMAT = "privateuse1-conformance-report"
 FORMAT_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / f"report-{FORMAT_VERSION}.schema.json"
+DIGEST_ALGORITHM = "sha256"
+NO_TEST = "no-test"  # the verdict of a contract none of whose tests ran
+VERDICTS = [v.value for v in Verdict] + [NO_TEST]
+
+# Lone surrogates cannot be encoded as UTF-8 (a backend's message decoded
+# with surrogateescape could hold some): they would make the document unwritable.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _test(t) -> dict[str, Any]:
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _verdict_name(verdict: Verdict | None) -> str:
+    return verdict.value if verdict else NO_TEST
+
+
+def _count(verdicts: list[str]) -> dict[str, int]:
+    counts = dict.fromkeys(VERDICTS, 0)
+    for verdict in verdicts:
+        counts[verdict] += 1
+    return counts
+
+
+# ------------------------------------------------------------- model -> document
+
+def _test_document(test: TestResult) -> dict[str, Any]:
     return {
-        "nodeid": t.nodeid,
-        "verdict": t.verdict.value,
-        "duration_s": round(t.duration, 6),
-        "message": t.message,
-        "details": t.details,
-        "rerun": t.rerun,
-        "expectation": t.expectation,
+        "nodeid": test.nodeid,
+        "contracts": list(test.contracts),
+        "verdict": test.verdict.value,
+        "duration_ms": _ms(test.duration),
+        "message": test.message,
+        "details": test.details,
+        "rerun": test.rerun,
+        "expectation": test.expectation,
     }
+
+
+def _contract_document(result: ContractResult, optional: set[str]) -> dict[str, Any]:
+    tests = [_test_document(t) for t in result.tests]
+    info = result.contract
+    verdict = result.verdict
+    return {
+        "id": info.id, "area": info.area, "level": info.level, "statement": info.statement,
+        "source": info.source, "features": list(info.features),
+        "unclaimed_features": list(result.unclaimed_features),
+        "verdict": _verdict_name(verdict),
+        "satisfied": contract_satisfied(result, optional),
+        # The message of the (first) test that gave the contract its verdict.
+        "message": next((t.message for t in result.tests if t.verdict is verdict), ""),
+        "rerun": result.rerun,
+        "duration_ms": sum(t["duration_ms"] for t in tests),
+        "tests": tests,
+    }
+
+
+# The order people read provenance in (the renderings follow it).
+PROVENANCE_ORDER = (
+    "backend_name", "backend_requested", "backend_module", "backend_version", "backend_file", "device_type",
+    "device_count", "kit_version", "kit_commit", "registry", "torch_version", "torch_build", "torch_cxx11_abi",
+    "torch_git_version", "python", "packages", "platform", "command_line", "working_directory", "level_checked",
+    "isolation", "timeout_ms", "manifest", "expectations", "seeds", "environment", "started", "duration_ms",
+    "warnings",
+)
+
+
+def _provenance_document(provenance: Provenance) -> dict[str, Any]:
+    fields = dataclasses.asdict(provenance)
+    fields["timeout_ms"] = _ms(fields.pop("timeout_s"))
+    fields["duration_ms"] = _ms(fields.pop("duration_s"))
+    return {key: fields[key] for key in PROVENANCE_ORDER}
+
+
+def _group_summary(contracts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "contracts": len(contracts),
+        "satisfied": sum(c["satisfied"] for c in contracts),
+        "verdicts": _count([c["verdict"] for c in contracts]),
+    }
+
+
+def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summaries of the contract documents (built from their verdicts and
+    satisfied flags, which model computed: the report is rewritten after
+    every test, so nothing is computed twice)."""
+    reached = run.level_reached
+    areas = list(dict.fromkeys(c["area"] for c in contracts))  # registry order
+    tests = {t["nodeid"]: t for c in contracts for t in c["tests"]}  # a test may check several contracts
+    levels = []
+    for rank, level in enumerate(LEVELS):
+        levels.append({
+            "level": level,
+            **_group_summary([c for c in contracts if c["level"] == level]),
+            "reached": reached is not None and rank <= LEVELS.index(reached),
+            # What model.blocking_contracts returns, from the flags already computed.
+            "blocking": [c["id"] for c in contracts if LEVELS.index(c["level"]) <= rank and not c["satisfied"]],
+        })
+    return {
+        "level_reached": reached,
+        "claimed_level": run.claimed_level,
+        **_group_summary(contracts),
+        "test_verdicts": _count([t["verdict"] for t in tests.values()]),
+        "levels": levels,
+        "areas": [{"area": area, **_group_summary([c for c in contracts if c["area"] == area])} for area in areas],
+        "unclaimed_features": list(run.unclaimed_features),
+        "optional_features": list(run.optional_features),
+        "uncovered": list(run.uncovered),
+        "stale_expectations": list(run.stale_expectations),
+    }
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
 
 
 def to_document(run: Run) -> dict[str, Any]:
-    counts = {v.value: 0 for v in Verdict}
-    counts["no-test"] = 0
-    contracts = []
-    for result in run.contracts:
-        verdict = result.verdict
-        counts[verdict.value if verdict else "no-test"] += 1
-        contracts.append({
-            **dataclasses.asdict(result.contract),
-            "verdict": verdict.value if verdict else "no-test",
-            "unclaimed_features": result.unclaimed_features,
-            "tests": [_test(t) for t in result.tests],
-        })
-    return {
-        "format": "privateuse1-conformance-report",
+    """The canonical document of `run`, sealed with its digest."""
+    optional = set(run.optional_features)
+    contracts = [_contract_document(r, optional) for r in run.contracts]
+    document = {
+        "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "complete": run.complete,
-        "provenance": dataclasses.asdict(run.provenance),
-        "summary": {
-            "level_reached": run.level_reached,
-            "claimed_level": run.claimed_level,
-            "verdicts": counts,
-            "unclaimed_features": run.unclaimed_features,
-            "optional_features": run.optional_features,
-            "uncovered": run.uncovered,
-            "stale_expectations": run.stale_expectations,
-        },
+        "provenance": _provenance_document(run.provenance),
+        "summary": _summary(run, contracts),
         "contracts": contracts,
     }
+    try:
+        return seal(document)
+    except UnicodeEncodeError:  # rare: walk the document only then (it is rewritten after every test)
+        return seal(_clean(document))
+
+
+# ------------------------------------------------------------- document -> model
+
+def from_document(document: dict[str, Any]) -> Run:
+    """The run a (schema-valid) document describes. Derived fields (contract
+    verdicts, summaries, the digest) are not read: they are recomputed by
+    to_document, which is how `verify` detects a forged summary."""
+    provenance = dict(document["provenance"])
+    provenance["timeout_s"] = provenance.pop("timeout_ms") / 1000
+    provenance["duration_s"] = provenance.pop("duration_ms") / 1000
+    info_fields = [f.name for f in dataclasses.fields(ContractInfo)]
+    contracts = []
+    for entry in document["contracts"]:
+        tests = [
+            TestResult(
+                nodeid=t["nodeid"], contracts=list(t["contracts"]), verdict=Verdict(t["verdict"]),
+                duration=t["duration_ms"] / 1000, message=t["message"], details=t["details"],
+                rerun=t["rerun"], expectation=t["expectation"],
+            )
+            for t in entry["tests"]
+        ]
+        contracts.append(ContractResult(
+            contract=ContractInfo(**{name: entry[name] for name in info_fields}),
+            tests=tests, unclaimed_features=list(entry["unclaimed_features"]), rerun=entry["rerun"],
+        ))
+    summary = document["summary"]
+    return Run(
+        provenance=Provenance(**provenance),
+        contracts=contracts,
+        optional_features=list(summary["optional_features"]),
+        unclaimed_features=list(summary["unclaimed_features"]),
+        claimed_level=summary["claimed_level"],
+        complete=document["complete"],
+        uncovered=list(summary["uncovered"]),
+        stale_expectations=list(summary["stale_expectations"]),
+    )
+
+
+# ------------------------------------------------------------- canonical form, digest
+
+def canonical_bytes(document: dict[str, Any]) -> bytes:
+    """The canonical form: the document without its top-level "digest" member,
+    as compact JSON with keys sorted by code point and non-ASCII characters
+    written as themselves, encoded as UTF-8."""
+    body = {k: v for k, v in document.items() if k != "digest"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def compute_digest(document: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_bytes(document)).hexdigest()
+
+
+def seal(document: dict[str, Any]) -> dict[str, Any]:
+    """Set (or replace) the document's digest; returns the document."""
+    document.pop("digest", None)
+    document["digest"] = {"algorithm": DIGEST_ALGORITHM, "value": compute_digest(document)}
+    return document
+
+
+def digest_problem(document: dict[str, Any]) -> str | None:
+    """Why the stored digest does not match the document, or None if it does."""
+    stored = document.get("digest")
+    if not isinstance(stored, dict) or stored.get("algorithm") != DIGEST_ALGORITHM:
+        return f"the document has no {DIGEST_ALGORITHM} digest"
+    actual = compute_digest(document)
+    if stored.get("value") != actual:
+        return (f"digest mismatch: the document was changed after it was written "
+                f"(stored {stored.get('value')}, computed {actual})")
+    return None
+
+
+# ------------------------------------------------------------- reading, schema
+
+def dumps(document: dict[str, Any], indent: int | None = 1) -> str:
+    """The text of report.json: indented for people, or compact (four times
+    faster: for the reports rewritten during a run). The digest does not
+    depend on the layout."""
+    separators = None if indent else (",", ":")
+    return json.dumps(document, indent=indent, separators=separators, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a report; raises ValueError if it is not a JSON object."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return document
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def schema_problems(document: dict[str, Any]) -> list[str]:
+    """Every violation of the published schema, as 'where: what' lines."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    problems = []
+    for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path))):
+        where = "/".join(str(p) for p in error.absolute_path) or "(document)"
+        problems.append(f"schema: {where}: {error.message[:300]}")
+    return problems

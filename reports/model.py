@@ -86,6 +86,7 @@ class ContractResult:
     contract: ContractInfo
     tests: list[TestResult] = field(default_factory=list)
     unclaimed_features: list[str] = field(default_factory=list)
+    rerun: str = ""          # a command that reruns just this contract's tests
 
     @property
     def verdict(self) -> Verdict | None:
@@ -118,8 +119,12 @@ def level_reached(results: list[ContractResult], optional_features: set[str]) ->
     reached = None
     for level in LEVELS:
         rank = LEVELS.index(level)
+        # A level none of whose contracts were checked (a run with --level
+        # below it) is not reached, however well the levels below went.
+        if not any(r.contract.level == level for r in results):
+            break
         relevant = [r for r in results if LEVELS.index(r.contract.level) <= rank]
-        if not relevant or not all(contract_satisfied(r, optional_features) for r in relevant):
+        if not all(contract_satisfied(r, optional_features) for r in relevant):
             break
         reached = level
     return reached
@@ -163,6 +168,13 @@ class Provenance:
     started: str = ""                            # ISO 8601, UTC
     duration_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    backend_name: str = ""                       # the manifest's name, else the device type
+    backend_file: str = ""                       # where the backend module was imported from
+    torch_git_version: str = ""
+    registry: dict[str, str] | None = None       # the contract registry used: {"path", "sha256"}
+    packages: dict[str, str] = field(default_factory=dict)     # versions of the tools that ran it
+    environment: dict[str, str] = field(default_factory=dict)  # variables that steer torch / the backend
+    working_directory: str = ""                  # relative paths on the command line are relative to it
 
 
 @dataclass

@@ -211,7 +211,10 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
   OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(), host.nbytes(),
                               orMemcpyHostToDevice, native));
   if (!target.is_same(dst)) copy_on_device(target, dst, stream);
-  const bool pinned_source = host.is_same(src) && is_pinned_pointer(host.const_data_ptr());
+  // Asynchronous only when the bytes are read straight from the caller's
+  // pinned memory (no conversion made a temporary).
+  const bool pinned_source = host.storage().is_alias_of(src.storage()) &&
+      is_pinned_pointer(host.const_data_ptr());
   if (non_blocking && pinned_source) {
     // The caller may not touch src until the stream is done; the allocator
     // keeps the pinned block alive until then.

@@ -13,6 +13,12 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 namespace py = pybind11;
 
 namespace {
@@ -51,6 +57,9 @@ c10::DeviceIndex to_index(const py::handle& object, const char* argument,
   return static_cast<c10::DeviceIndex>(index.value);
 }
 
+// Set once Python's openreg._lazy_init() has completed (it calls _init).
+std::atomic<bool> g_python_initialized{false};
+
 void lazy_init() {
   TORCH_CHECK(!torch::utils::is_device_in_bad_fork(at::kPrivateUse1),
               "OpenReg: cannot re-initialize OpenReg in a forked subprocess. To "
@@ -58,6 +67,18 @@ void lazy_init() {
   // A child forked after this point is marked "bad fork" by PyTorch.
   torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
   at::globalContext().lazyInitDevice(at::kPrivateUse1);
+  g_python_initialized.store(true, std::memory_order_release);
+}
+
+// torch.openreg.current_device(): called often (generated Tensor methods,
+// device-agnostic code), so the common case stays in C++; the first call
+// goes through Python's lazy initialization, and a bad fork raises there.
+int current_device_checked() {
+  if (!g_python_initialized.load(std::memory_order_acquire) ||
+      torch::utils::is_device_in_bad_fork(at::kPrivateUse1)) [[unlikely]] {
+    py::module_::import("openreg").attr("_lazy_init")();
+  }
+  return static_cast<int>(openreg::current_device());
 }
 
 py::dict runtime_counters() {
@@ -73,6 +94,19 @@ py::dict runtime_counters() {
   return d;
 }
 
+std::mutex& gates_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<int64_t, std::shared_ptr<std::promise<void>>>& gates() {
+  static std::unordered_map<int64_t, std::shared_ptr<std::promise<void>>> map;
+  return map;
+}
+int64_t& next_gate_id() {
+  static int64_t id = 1;
+  return id;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -84,6 +118,8 @@ PYBIND11_MODULE(_C, m) {
   // Device management. Invalid indices raise RuntimeError naming the range.
   m.def("_device_count", [] { return static_cast<int>(openreg::device_count()); });
   m.def("_current_device", [] { return static_cast<int>(openreg::current_device()); });
+  m.def("current_device", &current_device_checked,
+        "Index of the current OpenReg device of the calling thread (0 in new threads).");
   m.def("_set_device", [](const py::object& index) {
     openreg::set_device(to_index(index, "device", false));
   });
@@ -121,6 +157,40 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_stream", [](const py::handle& index) {
     return openreg::default_stream(to_index(index, "device", true));
   });
+
+  // Testing aid: a kernel that blocks `stream` until the gate is opened,
+  // so that tests can observe work still in flight without guessing at
+  // sleeps. Returns a gate id for _testing_open_gate.
+  m.def("_testing_block_stream", [](const c10::Stream& stream) {
+    auto gate = std::make_shared<std::promise<void>>();
+    auto opened = gate->get_future().share();
+    const orStream_t native = openreg::native_stream(stream);
+    auto* arg = new std::shared_future<void>(opened);
+    OPENREG_CHECK(orLaunchKernel(native, [](void* p) -> orError_t {
+      auto* future = static_cast<std::shared_future<void>*>(p);
+      future->wait();
+      delete future;
+      return orSuccess;
+    }, arg));
+    std::lock_guard<std::mutex> lock(gates_mutex());
+    const int64_t id = next_gate_id()++;
+    gates().emplace(id, std::move(gate));
+    return id;
+  });
+  m.def("_testing_open_gate", [](int64_t id) {
+    std::shared_ptr<std::promise<void>> gate;
+    {
+      std::lock_guard<std::mutex> lock(gates_mutex());
+      auto it = gates().find(id);
+      TORCH_CHECK(it != gates().end(), "OpenReg: no open gate ", id);
+      gate = std::move(it->second);
+      gates().erase(it);
+    }
+    gate->set_value();
+  });
+
+  // The floor for benchmarks: a pybind11 call that does nothing.
+  m.def("_noop", [] {});
 
   // Instrumentation for the conformance suite and the tests.
   m.def("_runtime_counters", &runtime_counters);

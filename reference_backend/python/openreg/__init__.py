@@ -186,10 +186,9 @@ def _resolve_device(device: Any) -> int:
     return index
 
 
-def current_device() -> int:
-    """Index of the current OpenReg device of the calling thread (0 in new threads)."""
-    _lazy_init()
-    return _C._current_device()
+# Index of the current OpenReg device of the calling thread (0 in new
+# threads). In C++: it initializes lazily through _lazy_init on first use.
+current_device = _C.current_device
 
 
 def set_device(device: Any) -> None:
@@ -201,7 +200,7 @@ def set_device(device: Any) -> None:
     index and the range, and changes nothing. A torch.device without an
     index raises ValueError, as torch.accelerator.set_device_index does.
     """
-    index = _device_index(device, optional=False)
+    index = device if type(device) is int else _device_index(device, optional=False)
     if index == -1:
         return
     _lazy_init()

@@ -16,7 +16,13 @@ namespace openreg::runtime {
 namespace {
 
 thread_local std::string tls_last_error;
-thread_local int tls_current_device = 0;  // every thread starts on device 0
+// Every thread starts on device 0. initial-exec: the fastest TLS access for
+// a variable read on every device query (the library is small enough to fit
+// in the static TLS surplus that dlopen'ed libraries may use).
+__attribute__((tls_model("initial-exec"))) thread_local int tls_current_device = 0;
+// True once the configuration parsed cleanly with at least one device: the
+// hot queries then skip their error checks.
+std::atomic<bool> g_devices_usable{false};
 
 std::atomic<Device*> g_devices[OR_MAX_DEVICE_COUNT];
 std::mutex g_init_mutex;
@@ -110,7 +116,9 @@ void clear_last_error() { tls_last_error.clear(); }
 const Config& config() {
   static const Config parsed = [] {
     pthread_atfork(nullptr, nullptr, on_fork_child);
-    return parse_config();
+    Config c = parse_config();
+    g_devices_usable.store(c.error == orSuccess && c.device_count > 0, std::memory_order_release);
+    return c;
   }();
   return parsed;
 }
@@ -238,12 +246,19 @@ orError_t orGetDeviceCount(int* count) {
 }
 
 orError_t orGetDevice(int* device) {
+  if (g_devices_usable.load(std::memory_order_acquire) && device) [[likely]] {
+    *device = tls_current_device;
+    return orSuccess;
+  }
   if (!device) return fail(orErrorInvalidValue, "orGetDevice: device is null");
   return current_device("orGetDevice", device);
 }
 
 orError_t orSetDevice(int device) {
-  if (orError_t e = check_device("orSetDevice", "device", device)) return e;
+  if (!(g_devices_usable.load(std::memory_order_acquire) && device >= 0 &&
+        device < config().device_count)) [[unlikely]] {
+    if (orError_t e = check_device("orSetDevice", "device", device)) return e;
+  }
   // Every call counts, redundant ones included: the counter exists so that
   // callers can check they skip redundant switches (as a real driver call
   // would cost them).

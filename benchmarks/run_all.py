@@ -1,0 +1,107 @@
+"""Run every benchmark and write benchmarks/results.json plus a table of
+ratios against the targets of the performance issue.
+
+    python benchmarks/run_all.py [--quick]
+
+--quick skips the device-count scaling of the suite (1, 2, 4, 8 devices)
+and measures the suite with 2 devices only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CXX_BENCH = REPO / "build" / "cmake" / "benchmarks" / "cxx" / "openreg_bench_device"
+
+
+def cxx_device_management() -> list[dict]:
+    if not CXX_BENCH.exists():
+        return [{"name": "C++ benchmarks not built (install libbenchmark-dev, then make build)"}]
+    out = subprocess.run([str(CXX_BENCH), "--benchmark_format=json", "--benchmark_min_time=0.3"],
+                         capture_output=True, text=True, check=True).stdout
+    times = {b["name"]: b["real_time"] for b in json.loads(out)["benchmarks"]}
+    tls = times["BM_ThreadLocalReadWrite"]
+    floor = times["BM_DeviceGuardNoOpImpl"]
+    rows = []
+    for name, ns in times.items():
+        row = {"name": name, "ns": round(ns, 2), "ratio_to_tls": round(ns / tls, 1)}
+        if name.startswith("BM_DeviceGuard"):
+            row["ratio_to_noop_guard"] = round(ns / floor, 2)
+        if name == "BM_DeviceGuardSameDevice":
+            row["target_ratio_to_tls"] = 3.0
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(HERE))
+    import bench_backend
+
+    results = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
+                           "cpus": __import__("os").cpu_count()}}
+    results["device_management_cxx"] = cxx_device_management()
+    results.update(bench_backend.run())
+    suite_args = [sys.executable, str(HERE / "bench_suite.py"), "--output", str(HERE / "results-suite.json")]
+    if args.quick:
+        suite_args += ["--devices", "2"]
+    subprocess.run(suite_args, check=True)
+    results["suite"] = json.loads((HERE / "results-suite.json").read_text())
+    (HERE / "results-suite.json").unlink()
+    (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+    print(f"\nwritten {HERE / 'results.json'}")
+    return 0
+
+
+def print_table(results: dict) -> None:
+    print("\n== targets ==")
+
+    def line(what: str, value: str, target: str, met: bool | None) -> None:
+        verdict = "" if met is None else ("met" if met else "MISSED")
+        print(f"{what:<62} {value:>18} {target:>16}  {verdict}")
+
+    cxx = {r["name"]: r for r in results["device_management_cxx"] if "ns" in r}
+    if cxx:
+        guard = cxx["BM_DeviceGuardSameDevice"]
+        line("DeviceGuard enter+exit vs thread-local read/write (C++)", f"x{guard['ratio_to_tls']}",
+             "<= x3", guard["ratio_to_tls"] <= 3)
+        line("  (same, vs PyTorch's no-op guard implementation)", f"x{guard['ratio_to_noop_guard']}", "", None)
+    for r in results["device_management_python"]:
+        if r.get("target_ratio"):
+            line(f"{r['name']} vs no-op pybind11 call", f"x{r['ratio']}", f"<= x{r['target_ratio']}",
+                 r["ratio"] <= r["target_ratio"])
+    for r in results["small_ops"]:
+        if r.get("target_ratio"):
+            line(f"{r['name']} vs CPU (sync)", f"x{r['ratio']}", f"<= x{r['target_ratio']}",
+                 r["ratio"] <= r["target_ratio"])
+        if r.get("target_us"):
+            line(r["name"], f"{r['openreg_us']} us", f"< {r['target_us']} us", r["openreg_us"] < r["target_us"])
+    for r in results["copies"]:
+        if r.get("target_ratio"):
+            line(f"{r['name']} vs memcpy", f"x{r['ratio_to_memcpy']}", f">= x{r['target_ratio']}",
+                 r["ratio_to_memcpy"] >= r["target_ratio"])
+    suite = results["suite"]
+    for s in suite["suite"]:
+        line(f"whole suite, {s['devices']} device(s)", f"{s['wall_s']} s", "< 60 s", s["wall_s"] < 60)
+    iso = suite["isolation"]
+    line("isolation overhead per test", f"{iso['overhead_per_test_ms']} ms", "< 20 ms",
+         iso["overhead_per_test_ms"] < 20)
+    growth = [s for s in suite["suite"] if s["devices"] > 1]
+    for s in growth:
+        line(f"suite time growth, 1 -> {s['devices']} devices", f"x{s['growth_vs_1_device']}",
+             f"<= x{s['linear_bound']:g}", s["growth_vs_1_device"] <= s["linear_bound"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

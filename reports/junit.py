@@ -1,0 +1,111 @@
+"""JUnit XML for CI systems (GitLab, Jenkins, GitHub test reporters).
+
+One <testsuite> per area and one <testcase> per test, under the area of the
+first contract it checks (a test is never counted twice). classname is
+"<area>.<contract IDs>", so CI tools that split on the last dot show the
+area as the package and the contracts as the class. Verdicts map as pytest's
+own junitxml does: fail -> <failure>; error, crash, hang -> <error>; skip,
+not-claimed, xfail -> <skipped>; pass, xpass -> a plain testcase. A contract
+no test reported on gets a <skipped> testcase, so that it is visible.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from .text import printable, truncate
+
+MESSAGE_LIMIT = 1000  # attribute values; the full text goes into the element body
+ERRORS = ("error", "crash", "hang")
+SKIPS = ("skip", "not-claimed", "xfail", "no-test")
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}"
+
+
+def _element(parent: ET.Element, tag: str, text: str = "", **attributes: str) -> ET.Element:
+    # ElementTree escapes markup; printable() removes what XML cannot hold at all.
+    element = ET.SubElement(parent, tag, {k: printable(v) for k, v in attributes.items()})
+    if text:
+        element.text = printable(text)
+    return element
+
+
+def _testcase(suite: ET.Element, area: str, test: dict[str, Any]) -> ET.Element:
+    case = _element(suite, "testcase", classname=f"{area}.{'+'.join(test['contracts'])}",
+                    name=test["nodeid"], time=_seconds(test["duration_ms"]))
+    verdict = test["verdict"]
+    message = truncate(f"{verdict}: {test['message']}" if test["message"] else verdict, MESSAGE_LIMIT)
+    body = "\n\n".join(part for part in (test["message"], test["details"]) if part)
+    if verdict == "fail":
+        _element(case, "failure", body, message=message, type=verdict)
+    elif verdict in ERRORS:
+        _element(case, "error", body, message=message, type=verdict)
+    elif verdict in SKIPS:
+        _element(case, "skipped", message=message, type=verdict)
+    if test["rerun"]:
+        _element(case, "system-out", f"rerun: {test['rerun']}")
+    return case
+
+
+def _properties(parent: ET.Element, document: dict[str, Any]) -> None:
+    provenance = document["provenance"]
+    properties = ET.SubElement(parent, "properties")
+    values = {
+        "level_reached": document["summary"]["level_reached"] or "none",
+        "complete": str(document["complete"]).lower(),
+        "backend": provenance["backend_name"],
+        "backend_version": provenance["backend_version"] or "",
+        "kit_version": provenance["kit_version"],
+        "torch_version": provenance["torch_version"],
+        "digest": document["digest"]["value"],
+    }
+    for name, value in values.items():
+        _element(properties, "property", name=name, value=value)
+
+
+def render(document: dict[str, Any]) -> str:
+    provenance = document["provenance"]
+    root = ET.Element("testsuites", {"name": printable(f"privateuse1-conformance {provenance['backend_name']}")})
+    suites: dict[str, ET.Element] = {}
+    counts: dict[str, dict[str, int]] = {}
+    seen: set[str] = set()
+
+    def suite_of(area: str) -> ET.Element:
+        if area not in suites:
+            suites[area] = _element(root, "testsuite", name=area, timestamp=provenance["started"])
+            if len(suites) == 1:
+                # Run-level facts ride on the first suite (<testsuites> has no
+                # <properties> in the schema CI tools follow; they come first).
+                _properties(suites[area], document)
+            counts[area] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0}
+        return suites[area]
+
+    for contract in document["contracts"]:
+        area = contract["area"]
+        suite = suite_of(area)
+        tests = [t for t in contract["tests"] if t["nodeid"] not in seen]
+        if not contract["tests"]:
+            tests = [{"nodeid": f"{contract['id']} (no test result)", "contracts": [contract["id"]],
+                      "verdict": "no-test", "duration_ms": 0, "rerun": contract["rerun"], "details": "",
+                      "message": "no test reported on this contract (the run is incomplete, "
+                                 "or the contract has no test)"}]
+        for test in tests:
+            seen.add(test["nodeid"])
+            _testcase(suite, area, test)
+            verdict = test["verdict"]
+            counts[area]["tests"] += 1
+            counts[area]["failures"] += verdict == "fail"
+            counts[area]["errors"] += verdict in ERRORS
+            counts[area]["skipped"] += verdict in SKIPS
+            counts[area]["time"] += test["duration_ms"]
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0}
+    for area, suite in suites.items():
+        for key, value in counts[area].items():
+            suite.set(key, _seconds(value) if key == "time" else str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, _seconds(value) if key == "time" else str(value))
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

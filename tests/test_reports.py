@@ -1,0 +1,497 @@
+"""The compliance reports on their own, from synthetic runs (no suite run):
+the JSON document, its schema and digest, every rendering (well-formed, and
+inert with hostile backend strings), diff and verify, and the HTML page in a
+real headless browser where chromium is installed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import html.parser
+import json
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from privateuse1_conformance.reports import badge, diff, html as html_report, json_report, junit, markdown, verify
+from privateuse1_conformance.reports import writer
+from privateuse1_conformance.reports.model import ContractInfo, ContractResult, Provenance, Run
+from privateuse1_conformance.reports.model import TestResult as ModelTestResult  # not a test class for pytest
+from privateuse1_conformance.reports.model import Verdict, level_reached
+
+V = Verdict
+OPTIONAL = ["amp"]
+# (id, area, level, features, test verdicts, unclaimed features)
+CONTRACTS = [
+    ("DM-ONE-001", "device-management", "core", [], [V.PASS, V.PASS], []),
+    ("DM-TWO-001", "device-management", "core", [], [V.XPASS], []),
+    ("HK-ONE-001", "hooks", "core", [], [V.PASS], []),
+    ("ST-ONE-001", "streams", "standard", ["streams"], [V.PASS, V.FAIL], []),
+    ("ST-TWO-001", "streams", "standard", [], [V.CRASH], []),
+    ("EV-ONE-001", "events", "standard", [], [V.HANG], []),
+    ("EV-TWO-001", "events", "standard", [], [V.XFAIL], []),
+    ("EV-THR-001", "events", "standard", [], [V.ERROR], []),
+    ("EV-FOU-001", "events", "standard", [], [V.SKIP], []),
+    ("AM-ONE-001", "amp", "full", ["amp"], [V.NOT_CLAIMED], ["amp"]),
+    ("AM-TWO-001", "amp", "full", [], [], []),
+]
+
+HOSTILE = (
+    "<script>alert(1)</script><img src=x onerror=alert(2)> | pipe | `tick` ``` fence ~~~ "
+    "[link](javascript:alert(3)) ![img](http://x/y.png) **bold** <!-- c --> </details> </pre> "
+    "]]> <![CDATA[ & &amp; \" ' \x00\x01\x07\x1b[31mred\x1b[0m\x7f\x9b \ufffe\uffff \ud800 "
+    "\u202eevil\u202c 🚀 ünï \r\nsecond line\n# heading\n---\n| a | b |"
+)
+
+
+def _provenance(**changes) -> Provenance:
+    provenance = Provenance(
+        kit_version="0.1.0", kit_commit="abc123", torch_version="2.13.0+cpu", torch_build="cpu",
+        torch_cxx11_abi=True, python="3.11.7 (CPython)", platform="Linux", backend_requested="fake",
+        backend_module="fake_backend", backend_version="1.0", device_type="fake", device_count=2,
+        command_line=["privateuse1-conformance", "run", "--backend", "fake"], level_checked="full",
+        isolation="fork", timeout_s=60.0, seeds={"hypothesis": "derandomized"},
+        manifest={"path": "/m.toml", "sha256": "0" * 64}, expectations=None,
+        started="2026-01-01T00:00:00+00:00", duration_s=12.5, backend_name="fake", backend_file="/fake.py",
+        torch_git_version="deadbeef", registry={"path": "/contracts.toml", "sha256": "1" * 64},
+        packages={"pytest": "9"}, environment={}, working_directory="/tmp",
+    )
+    return dataclasses.replace(provenance, **changes)
+
+
+def make_run(contracts=CONTRACTS, text: str = "", complete: bool = True, **provenance) -> Run:
+    """A run whose failing tests carry `text` in every backend-derived field."""
+    results = []
+    for contract_id, area, level, features, verdicts, unclaimed in contracts:
+        tests = [
+            ModelTestResult(
+                nodeid=f"test_{area}.py::test_{contract_id}_{i}{text[:40]}", contracts=[contract_id], verdict=v,
+                duration=0.25 * (i + 1),
+                message="" if v.satisfies else f"{v.value} in {contract_id}: {text}",
+                details="" if v.satisfies else f"Traceback\n{text}\n{text}",
+                rerun=f"pytest --backend=fake 'test_{area}.py::test_{contract_id}_{i}{text[:20]}'",
+                expectation="known {text}" if v in (V.XFAIL, V.XPASS) else "",
+            )
+            for i, v in enumerate(verdicts)
+        ]
+        info = ContractInfo(contract_id, area, level, f"Statement of {contract_id}.", "torch.docs", list(features))
+        results.append(ContractResult(info, tests, list(unclaimed),
+                                      rerun=f"privateuse1-conformance run --backend=fake --contract={contract_id}"))
+    return Run(provenance=_provenance(**provenance), contracts=results, optional_features=OPTIONAL,
+               unclaimed_features=["amp"], claimed_level=None, complete=complete,
+               uncovered=["AM-TWO-001"] if complete else [], stale_expectations=["DM-TWO-001"])
+
+
+def passing_run(**provenance) -> Run:
+    """Every contract satisfied (AM-ONE-001 not claimed, optional)."""
+    passing = [(c, a, l, f, [V.NOT_CLAIMED] if u else [V.PASS], u) for c, a, l, f, _, u in CONTRACTS]
+    return make_run(passing, **provenance)
+
+
+def registry_of(run: Run) -> list[ContractInfo]:
+    return [r.contract for r in run.contracts]
+
+
+# --------------------------------------------------------------- JSON document
+
+def test_document_is_schema_valid_and_digest_verifies():
+    document = json_report.to_document(make_run())
+    assert json_report.schema_problems(document) == []
+    assert json_report.digest_problem(document) is None
+    summary = document["summary"]
+    assert summary["level_reached"] == "core"  # streams and events fail in standard
+    assert summary["verdicts"]["no-test"] == 1 and summary["verdicts"]["crash"] == 1
+    assert summary["contracts"] == len(CONTRACTS)
+    assert summary["test_verdicts"]["pass"] == 4
+    by_area = {a["area"]: a for a in summary["areas"]}
+    assert by_area["events"]["verdicts"]["hang"] == 1 and by_area["events"]["satisfied"] == 0
+    levels = {entry["level"]: entry for entry in summary["levels"]}
+    assert levels["core"]["reached"] is True and levels["core"]["blocking"] == []
+    assert "ST-TWO-001" in levels["standard"]["blocking"]
+    contract = next(c for c in document["contracts"] if c["id"] == "ST-ONE-001")
+    assert contract["verdict"] == "fail" and contract["message"].startswith("fail in ST-ONE-001")
+    assert contract["duration_ms"] == 250 + 500 and contract["rerun"].endswith("--contract=ST-ONE-001")
+
+
+def test_core_only_results_reach_core():
+    # Level reached is the highest whose contracts (and those below) all hold.
+    document = json_report.to_document(make_run([c for c in CONTRACTS if c[2] == "core"]))
+    assert document["summary"]["level_reached"] == "core"
+
+
+def test_level_is_not_reached_when_none_of_its_contracts_was_checked():
+    core_only = [ContractResult(ContractInfo("DM-A-001", "a", "core", "s", "src"), [ModelTestResult("t", [], V.PASS)])]
+    assert level_reached(core_only, set()) == "core"  # not standard nor full: they were not checked
+
+
+def test_canonical_form_and_digest_definition():
+    document = json_report.to_document(make_run(text="ü 🚀"))
+    body = {k: v for k, v in document.items() if k != "digest"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert json_report.canonical_bytes(document) == canonical
+    import hashlib
+
+    assert document["digest"] == {"algorithm": "sha256", "value": hashlib.sha256(canonical).hexdigest()}
+    # The layout of the file does not matter; any change of content does.
+    reread = json.loads(json_report.dumps(document))
+    assert json_report.digest_problem(reread) is None
+    assert json_report.digest_problem(json.loads(json_report.dumps(document, indent=None))) is None
+    reread["contracts"][0]["tests"][0]["duration_ms"] += 1
+    assert "digest mismatch" in json_report.digest_problem(reread)
+    assert not any(isinstance(v, float) for v in _leaves(document)), "floats would make the digest library-dependent"
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def test_document_round_trips_through_the_model():
+    document = json_report.to_document(make_run(text=HOSTILE))
+    assert json_report.to_document(json_report.from_document(document)) == document
+
+
+def test_lone_surrogates_do_not_make_the_report_unwritable(tmp_path):
+    document = json_report.to_document(make_run(text="bad \ud800 byte"))
+    path = writer.write_json(tmp_path, document)
+    reread = json_report.load(path)
+    assert "bad \ufffd byte" in reread["contracts"][3]["message"]
+    assert json_report.digest_problem(reread) is None
+
+
+def test_write_all_writes_every_format_readable_by_others(tmp_path):
+    written = writer.write_all(tmp_path, make_run())
+    assert set(written) == {"json", "junit", "markdown", "html", "badge"}
+    for path in written.values():
+        assert path.stat().st_size > 0
+        assert path.stat().st_mode & 0o044, f"{path.name} should be readable by others (umask permitting)"
+    assert not list(tmp_path.glob(".*.tmp")), "temporary files must not be left behind"
+    writer.remove_renderings(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+# --------------------------------------------------------------- renderings
+
+class _TagCollector(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+    def handle_data(self, data):
+        (self.scripts if self._in_script else self.text).append(data)
+
+
+def _our_script() -> str:
+    return (html_report.TEMPLATES / "report.js").read_text()
+
+
+def test_renderings_keep_hostile_backend_strings_inert():
+    run = make_run(text=HOSTILE, backend_name=HOSTILE[:80], backend_version=HOSTILE, backend_module=HOSTILE,
+                   warnings=[HOSTILE])
+    document = json_report.to_document(run)
+    assert json_report.schema_problems(document) == []
+
+    # JUnit: well-formed XML, every test present, the text kept as text.
+    root = ET.fromstring(junit.render(document).encode("utf-8"))
+    cases = root.findall(".//testcase")
+    assert len(cases) == sum(max(len(c[4]), 1) for c in CONTRACTS)
+    failure = root.find(".//failure")
+    assert "<script>alert(1)</script>" in failure.get("message") and "]]>" in failure.text
+    assert "\x1b" not in failure.text and "\\x1b[31mred" in failure.text
+
+    # Badge: well-formed SVG with nothing but the shapes and text we draw.
+    svg = ET.fromstring(badge.render(document).encode("utf-8"))
+    assert {element.tag.split("}")[1] for element in svg.iter()} <= {"svg", "title", "clipPath", "rect", "g", "text"}
+    assert not [name for element in svg.iter() for name in element.attrib if name.lower().startswith("on")]
+
+    # HTML: the only script is the page's own, no injected element or event handler.
+    page = html_report.render(document)
+    parser = _TagCollector()
+    parser.feed(page)
+    tag_names = [tag for tag, _ in parser.tags]
+    assert tag_names.count("script") == 1 and parser.scripts == [_our_script()]
+    assert "img" not in tag_names and "a" not in tag_names
+    assert not [name for _, attrs in parser.tags for name in attrs if name.startswith("on")]
+    text = "".join(parser.text)
+    assert "<script>alert(1)</script>" in text, "hostile markup must be shown as text"
+    assert "\x00" not in page and "\x1b" not in page and "\ufffe" not in page
+
+    # Markdown: tables keep their columns, no raw HTML or link from the backend, fences hold.
+    _check_markdown(markdown.render(document))
+    _check_markdown(diff.format_markdown(diff.diff(json_report.to_document(make_run()), document)))
+
+    # Plain-text outputs (terminal): no control characters.
+    for text_output in (diff.format_text(diff.diff(json_report.to_document(make_run()), document)),
+                        verify.format_text(verify.verify(document, registry_of(run), set(OPTIONAL)))):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", text_output)
+
+
+_OWN_TAGS = re.compile(r"</?(details|summary)>")
+
+
+def _check_markdown(text: str) -> None:
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", text)
+    outside = []
+    fence = None
+    for line in text.split("\n"):
+        match = re.match(r"^(`{3,})", line)
+        if fence is None and match:
+            fence = match.group(1)
+            continue
+        if fence is not None:
+            if line == fence:
+                fence = None
+            continue
+        outside.append(line)
+    assert fence is None, "a fenced block was left open"
+    prose = "\n".join(outside)
+    for raw in ("<script", "<img", "<!--", "](", "![", "**bold**", "`tick`"):
+        assert not re.search(r"(?<!\\)" + re.escape(raw), _OWN_TAGS.sub("", prose)), \
+            f"unescaped {raw!r} in Markdown prose"
+    assert "</details>" not in prose.replace("\n</details>", "")  # only our own closing tags, on their own line
+    header_cells = None
+    for line in outside:
+        if line.startswith("|"):
+            cells = len(re.findall(r"(?<!\\)\|", line))
+            if header_cells is None:
+                header_cells = cells
+            assert cells == header_cells, f"a table row has extra columns: {line[:200]}"
+        else:
+            header_cells = None
+
+
+def test_junit_counts_and_verdict_mapping():
+    root = ET.fromstring(junit.render(json_report.to_document(make_run())).encode("utf-8"))
+    assert root.get("tests") == str(sum(max(len(c[4]), 1) for c in CONTRACTS))
+    assert root.get("failures") == "1" and root.get("errors") == "3"  # fail; crash, hang, error
+    assert root.get("skipped") == "4"  # xfail, skip, not-claimed, the contract without a test
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert list(suites) == ["device-management", "hooks", "streams", "events", "amp"]
+    assert suites["device-management"].find("properties") is not None
+    crash = next(c for c in root.iter("testcase") if "ST-TWO-001" in c.get("classname"))
+    assert crash.find("error").get("type") == "crash"
+    assert crash.get("classname") == "streams.ST-TWO-001"
+
+
+def test_markdown_fits_a_pull_request_comment():
+    many = [(f"DM-X{i:03d}-001", "device-management", "core", [], [V.FAIL], []) for i in range(400)]
+    text = markdown.render(json_report.to_document(make_run(many, text="x" * 3000)))
+    assert len(text) <= markdown.BUDGET
+    assert "more: see report.html" in text
+    _check_markdown(text)
+
+
+def test_badge_shows_name_level_and_percentage():
+    document = json_report.to_document(passing_run())
+    svg = badge.render(document)
+    assert "fake: full 100%" in svg and badge.COLOURS["full"] in svg
+    incomplete = json_report.to_document(make_run(complete=False))
+    assert "incomplete" in badge.render(incomplete) and badge.INCOMPLETE in badge.render(incomplete)
+    # 4 of 11 satisfied: 36.4 %, rounded down.
+    assert "core 36%" in badge.render(json_report.to_document(make_run()))
+
+
+def test_html_page_needs_no_network():
+    page = html_report.render(json_report.to_document(make_run()))
+    parser = _TagCollector()
+    parser.feed(page)
+    csp = next(attrs["content"] for tag, attrs in parser.tags
+               if tag == "meta" and attrs.get("http-equiv") == "Content-Security-Policy")
+    assert "default-src 'none'" in csp
+    for tag, attrs in parser.tags:
+        for name in ("src", "href"):
+            assert name not in attrs, f"<{tag} {name}=...> would load something"
+    assert re.search(r"\bhttps?://", page.split("<body>", 1)[1].replace("http://www.w3.org", "")) is None
+
+
+# --------------------------------------------------------------- diff
+
+def test_diff_classifies_changes():
+    old = json_report.to_document(passing_run())
+    new_contracts = [c for c in CONTRACTS if c[0] != "DM-ONE-001"]
+    new_contracts.append(("GD-NEW-001", "guard", "core", [], [V.PASS], []))
+    new = json_report.to_document(make_run(new_contracts))
+    result = diff.diff(old, new)
+    assert {c.id for c in result.regressions} == {"ST-ONE-001", "ST-TWO-001", "EV-ONE-001", "EV-TWO-001",
+                                                 "EV-THR-001", "EV-FOU-001", "AM-TWO-001"}
+    assert [c.id for c in result.removed] == ["DM-ONE-001"] and [c.id for c in result.added] == ["GD-NEW-001"]
+    assert [c.id for c in result.changed] == ["DM-TWO-001"]  # pass -> xpass: still satisfied
+    st_one = next(c for c in result.regressions if c.id == "ST-ONE-001")
+    assert [(t.old, t.new) for t in st_one.tests] == [(None, "fail")]
+    assert result.old_level == "full" and result.new_level == "core" and result.level_dropped and result.regressed
+    reverse = diff.diff(new, old)
+    assert len(reverse.fixes) == 7 and not reverse.regressions and not reverse.regressed
+    # Unsatisfied both times, but worse: still a regression.
+    failing = [("ST-TWO-001", "streams", "standard", [], [V.FAIL], [])]
+    crashing = [("ST-TWO-001", "streams", "standard", [], [V.CRASH], [])]
+    worse = diff.diff(json_report.to_document(make_run(failing)), json_report.to_document(make_run(crashing)))
+    assert [c.id for c in worse.regressions] == ["ST-TWO-001"]
+    same = diff.diff(old, old)
+    assert not same.regressed and "no regression" in diff.format_text(same)
+    assert json.loads(diff.format_json(result))["regressed"] is True
+
+
+# --------------------------------------------------------------- verify
+
+def _verify(document, run=None, level=None):
+    run = run or passing_run()
+    return verify.verify(document, registry_of(run), set(OPTIONAL), level)
+
+
+def test_verify_accepts_a_passing_complete_report():
+    result = _verify(json_report.to_document(passing_run()))
+    assert result.ok, result.problems
+    assert result.level == "full"
+
+
+def test_verify_rejects_an_edit_and_a_resealed_inconsistent_edit():
+    document = json_report.to_document(passing_run())
+    edited = copy.deepcopy(document)
+    edited["contracts"][0]["verdict"] = "fail"
+    assert any("digest mismatch" in p for p in _verify(edited).problems)
+    # Re-sealed, the edit is still inconsistent with the test results it summarizes.
+    json_report.seal(edited)
+    problems = _verify(edited).problems
+    assert problems and all("inconsistent" in p for p in problems), problems
+    forged = copy.deepcopy(document)
+    forged["summary"]["level_reached"] = "full"
+    forged["contracts"][3]["tests"][0]["verdict"] = "fail"
+    json_report.seal(forged)
+    assert any("inconsistent: /summary" in p for p in _verify(forged).problems)
+
+
+def test_verify_checks_every_mandatory_contract_of_the_level():
+    run = passing_run()
+    # Fully consistent (re-rendered) report with one mandatory contract failing.
+    failing = json_report.from_document(json_report.to_document(run))
+    failing.contracts[3].tests[0].verdict = V.FAIL
+    document = json_report.to_document(failing)
+    assert _verify(document, run, "core").ok
+    problems = _verify(document, run, "standard").problems
+    assert problems == ["ST-ONE-001 (standard): verdict fail does not satisfy level standard (pass in ST-ONE-001: )"] \
+        or (len(problems) == 1 and problems[0].startswith("ST-ONE-001 (standard): verdict fail")), problems
+    # Missing and duplicated contracts.
+    missing = json_report.from_document(json_report.to_document(run))
+    duplicate = missing.contracts[0]
+    del missing.contracts[2]
+    missing.contracts.append(duplicate)
+    problems = _verify(json_report.to_document(missing), run, "core").problems
+    assert "HK-ONE-001 (core): missing from the report" in problems
+    assert "DM-ONE-001: present 2 times" in problems
+    # An unknown contract.
+    extra = json_report.from_document(json_report.to_document(run))
+    extra.contracts.append(ContractResult(ContractInfo("ZZ-NEW-001", "x", "core", "s", "src"),
+                                          [ModelTestResult("t", ["ZZ-NEW-001"], V.PASS)]))
+    assert "ZZ-NEW-001: not an active contract of the kit's registry" in _verify(json_report.to_document(extra), run).problems
+
+
+def test_verify_honours_optional_features_only():
+    run = passing_run()
+    assert _verify(json_report.to_document(run), run, "full").ok  # amp is optional
+    registry = registry_of(run)
+    problems = verify.verify(json_report.to_document(run), registry, set(), "full").problems
+    assert problems == ["AM-ONE-001 (full): verdict not-claimed does not satisfy level full "
+                        "(features amp are not optional)"]
+    # Not claiming a feature the contract does not need is a forgery.
+    forged = [(c, a, l, f, [V.NOT_CLAIMED], ["amp"]) if c == "DM-ONE-001" else (c, a, l, f, v, u)
+              for c, a, l, f, v, u in [(c, a, l, f, [V.NOT_CLAIMED] if u else [V.PASS], u)
+                                       for c, a, l, f, _, u in CONTRACTS]]
+    problems = _verify(json_report.to_document(make_run(forged)), run, "core").problems
+    assert problems == ["DM-ONE-001: not-claimed for features it does not need: amp"]
+
+
+def test_verify_requires_complete_run_and_provenance():
+    problems = _verify(json_report.to_document(make_run(complete=False, backend_version=None, kit_version="")),
+                       level="core").problems
+    assert "the run is incomplete (interrupted or crashed): complete is false" in problems
+    assert "provenance: backend_version is missing or empty" in problems
+    assert "provenance: kit_version is missing or empty" in problems
+    core_failing = [(c, a, l, f, [V.FAIL], u) for c, a, l, f, _, u in CONTRACTS]
+    nothing = _verify(json_report.to_document(make_run(core_failing))).problems
+    assert any("claims no level and reaches none" in p for p in nothing)
+    assert any("checked contracts up to core only" in p
+               for p in _verify(json_report.to_document(passing_run(level_checked="core")), level="full").problems)
+    broken = json_report.to_document(passing_run())
+    del broken["provenance"]
+    assert _verify(broken).problems[0].startswith("schema: (document): 'provenance' is a required property")
+
+
+# --------------------------------------------------------------- the page in a browser
+
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+def _dump_dom(url: str) -> str:
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-extensions",
+         "--virtual-time-budget=2000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+class _RowCollector(html.parser.HTMLParser):
+    """The contract rows of the dumped DOM: (verdict, hidden?)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[str, bool]] = []
+        self.by_id: dict[str, str] = {}
+        self._id = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tbody" and "contract" in (attrs.get("class") or "").split():
+            self.rows.append((attrs["data-verdict"], "hidden" in attrs))
+        self._id = attrs.get("id")
+
+    def handle_endtag(self, tag):
+        self._id = None
+
+    def handle_data(self, data):
+        if self._id:
+            self.by_id[self._id] = self.by_id.get(self._id, "") + data
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_html_page_in_a_headless_browser(tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(html_report.render(json_report.to_document(make_run(text=HOSTILE))), encoding="utf-8")
+
+    unfiltered = _RowCollector()
+    unfiltered.feed(_dump_dom(page.as_uri()))
+    assert len(unfiltered.rows) == len(CONTRACTS) and not any(hidden for _, hidden in unfiltered.rows)
+    assert unfiltered.by_id["level-reached"].strip() == "core"
+    assert unfiltered.by_id["shown-count"] == f"Showing {len(CONTRACTS)} of {len(CONTRACTS)} contracts", \
+        "the page's script did not run"
+
+    filtered = _RowCollector()
+    filtered.feed(_dump_dom(page.as_uri() + "#verdict=fail"))
+    visible = [verdict for verdict, hidden in filtered.rows if not hidden]
+    assert visible == ["fail"], filtered.rows
+    assert filtered.by_id["shown-count"] == f"Showing 1 of {len(CONTRACTS)} contracts"
+
+    failures = _RowCollector()
+    failures.feed(_dump_dom(page.as_uri() + "#verdict=failures"))
+    assert sorted(v for v, hidden in failures.rows if not hidden) == ["crash", "error", "fail", "hang"]
