@@ -72,9 +72,12 @@ def _run(args: argparse.Namespace) -> int:
         "-p", "no:cacheprovider",
         "--pyargs", SUITE_PACKAGE,
         f"--backend={args.backend}",
-        f"--report-dir={args.report_dir}",
         f"--contract-timeout={args.timeout}",
     ]
+    # A rerun of some contracts must not overwrite the full run's reports.
+    report_dir = args.report_dir or (None if args.contract else DEFAULT_REPORT_DIR)
+    if report_dir:
+        pytest_args.append(f"--report-dir={report_dir}")
     for option in ("level", "manifest", "expectations"):
         value = getattr(args, option)
         if value:
@@ -84,11 +87,12 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args
     code = pytest.main(pytest_args, plugins=plugins)
-    folder = Path(args.report_dir).resolve()
-    written = [name for name in [writer.JSON_FILE, *(n for n, _ in writer.RENDERINGS.values())]
-               if (folder / name).exists()]
-    if written:
-        print(f"reports written to {folder}: {', '.join(written)}")
+    if report_dir:
+        folder = Path(report_dir).resolve()
+        written = [name for name in [writer.JSON_FILE, *(n for n, _ in writer.RENDERINGS.values())]
+                   if (folder / name).exists()]
+        if written:
+            print(f"reports written to {folder}: {', '.join(written)}")
     # pytest: 0 all passed, 1 some failed — both are complete runs.
     return int(code)
 
@@ -157,7 +161,7 @@ def _contracts(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([c.__dict__ for c in contracts], indent=2, default=list))
     elif args.format == "markdown":
-        print(render_markdown(registry, contracts))
+        sys.stdout.write(render_markdown(registry, contracts))
     else:
         for c in contracts:
             features = f" [{', '.join(c.features)}]" if c.features else ""
@@ -210,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--level", choices=registry_mod.LEVELS)
     run.add_argument("--manifest")
     run.add_argument("--expectations")
-    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR)
+    run.add_argument("--report-dir", help=f"where to write the reports (default: {DEFAULT_REPORT_DIR}; "
+                                          "none with --contract unless given)")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before a test counts as hung")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
     run.add_argument("--contract", action="append", metavar="ID",

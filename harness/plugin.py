@@ -51,6 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--expectations", default=None,
                     help="expectations TOML (known failures by contract ID; overrides the manifest's)")
     group.addoption("--report-dir", default=None, help="write the compliance report into this folder")
+    group.addoption("--contract", action="append", default=[], metavar="ID[,ID...]",
+                    help="run only the tests of these contracts (repeatable)")
     group.addoption("--registry", default=None,
                     help="contract registry TOML (default: the suite's own; for testing the kit itself)")
     group.addoption("--isolation", choices=("fork", "none"), default="fork",
@@ -113,6 +115,10 @@ class ConformanceSession:
         except expectations_mod.ExpectationsError as e:
             raise pytest.UsageError(str(e)) from e
         self.expectations_path = Path(expectations_path) if expectations_path else None
+        self.only = {c.strip() for option in config.getoption("contract") for c in option.split(",") if c.strip()}
+        unknown = sorted(self.only - set(self.registry.contracts))
+        if unknown:
+            raise pytest.UsageError(f"--contract: unknown contract ID(s) {', '.join(unknown)}")
         self.timeout = config.getoption("contract_timeout")
         self.isolation = config.getoption("isolation")
         self.device_count = self._device_count()
@@ -191,7 +197,8 @@ class ConformanceSession:
             if any(c not in self.registry.contracts for c in ids):
                 continue
             self.covered.update(ids)
-            if min(self.registry.contracts[c].level_rank for c in ids) <= rank:
+            in_level = min(self.registry.contracts[c].level_rank for c in ids) <= rank
+            if in_level and (not self.only or self.only.intersection(ids)):
                 selected.append(item)
             else:
                 deselected.append(item)
