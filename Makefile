@@ -21,7 +21,7 @@ conformance: build
 ## All of the project's tests: the runtime's GoogleTest suite and pytest.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
-	$(PYTHON) -m pytest tests -n 2 -q
+	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q
 
 ## All benchmarks: a table of ratios against the targets, and benchmarks/results.json.
 benchmarks: build

@@ -12,8 +12,9 @@ the warm parent every test is forked from) and writes the reports.
 
 Exit codes (docs/reports.md): run returns pytest's (0 all passed, 1 some
 test did not, 2 interrupted, 3 internal error, 4 usage error); verify 0
-verified, 1 not verified; diff 0 no regression, 1 regression; verify, diff
-and render 2 when a report cannot be read or is not a valid report.
+verified, 1 not verified, 2 the file is not JSON; diff 0 no regression,
+1 regression; diff and render 2 when a report cannot be read or is not
+schema-valid.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import sys
 from pathlib import Path
 
 from privateuse1_conformance.reports import diff as diff_mod
-from privateuse1_conformance.reports import json_report, model, writer
+from privateuse1_conformance.reports import json_report, writer
 from privateuse1_conformance.reports import verify as verify_mod
 
 from . import registry as registry_mod
+from .results import contract_info
 
 EXIT_UNUSABLE_REPORT = 2
 
@@ -37,36 +39,9 @@ PLUGIN = "privateuse1_conformance.harness.plugin"
 DEFAULT_REPORT_DIR = "conformance-report"
 
 
-class _ContractSelection:
-    """A pytest plugin keeping only the tests of the given contracts (runs
-    after the conformance plugin has validated every declaration)."""
-
-    def __init__(self, contract_ids: list[str]) -> None:
-        self.contract_ids = set(contract_ids)
-
-    def pytest_collection_modifyitems(self, config, items) -> None:
-        from .plugin import MARKER
-
-        keep, drop = [], []
-        for item in items:
-            declared = {c for marker in item.iter_markers(MARKER) for c in marker.args}
-            (keep if declared & self.contract_ids else drop).append(item)
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-            items[:] = keep
-
-
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
-    plugins = []
-    if args.contract:
-        registry = registry_mod.load(registry_mod.default_path())
-        unknown = [c for c in args.contract if c not in {a.id for a in registry.active()}]
-        if unknown:
-            print(f"unknown or retired contract ID(s): {', '.join(unknown)}", file=sys.stderr)
-            return 4
-        plugins.append(_ContractSelection(args.contract))
     pytest_args = [
         "-p", PLUGIN,
         "-p", "no:cacheprovider",
@@ -82,11 +57,11 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value:
             pytest_args.append(f"--{option}={value}")
-    # xdist workers would not get the selection plugin; a contract's tests are few anyway.
-    if args.jobs and args.jobs > 1 and not args.contract:
+    pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
+    if args.jobs and args.jobs > 1:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args
-    code = pytest.main(pytest_args, plugins=plugins)
+    code = pytest.main(pytest_args)
     if report_dir:
         folder = Path(report_dir).resolve()
         written = [name for name in [writer.JSON_FILE, *(n for n, _ in writer.RENDERINGS.values())]
@@ -122,8 +97,7 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE_REPORT
     registry_path = Path(args.registry or registry_mod.default_path())
     registry = registry_mod.load(registry_path)
-    contracts = [model.ContractInfo(c.id, c.area, c.level, c.statement, c.source, list(c.features))
-                 for c in registry.active()]
+    contracts = [contract_info(c) for c in registry.active()]
     optional = {f.name for f in registry.features.values() if f.optional}
     result = verify_mod.verify(document, contracts, optional, args.level,
                                registry_sha256=hashlib.sha256(registry_path.read_bytes()).hexdigest())

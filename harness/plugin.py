@@ -170,10 +170,16 @@ class ConformanceSession:
         return ids
 
     def rerun_command(self, nodeid: str) -> str:
+        """A command that reruns one test from any folder: the test file is
+        named by its absolute path (a node ID is relative to the rootdir)."""
+        path, _, rest = nodeid.partition("::")
+        target = str((self.config.rootpath / path).resolve()) + (f"::{rest}" if rest else "")
         args = ["pytest", "-p", "privateuse1_conformance.harness.plugin", f"--backend={self.backend.requested}"]
-        if self.config.getoption("manifest"):
-            args.append(f"--manifest={self.config.getoption('manifest')}")
-        return " ".join(shlex.quote(a) for a in args + [nodeid])
+        for option in ("manifest", "expectations"):
+            value = self.config.getoption(option)
+            if value:
+                args.append(f"--{option}={Path(value).resolve()}")
+        return " ".join(shlex.quote(a) for a in args + [target])
 
     # -------------------------------------------------------- collection
 

@@ -7,9 +7,11 @@ controller (workers only run tests).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import time
+import warnings
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,8 @@ import pytest
 
 from privateuse1_conformance.reports import model
 from privateuse1_conformance.reports.model import Verdict
+
+from . import registry as registry_mod
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -50,6 +54,13 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
     if verdict is Verdict.XFAIL:
         message = f"{getattr(report, 'wasxfail', '')} (expected; actual: {message})"
     return _trim(message), _trim(details)
+
+
+def contract_info(contract: registry_mod.Contract) -> model.ContractInfo:
+    """The result model's view of a registry contract."""
+    return model.ContractInfo(id=contract.id, area=contract.area, level=contract.level,
+                              statement=contract.statement, source=contract.source,
+                              features=list(contract.features))
 
 
 class RunRecorder:
@@ -101,11 +112,7 @@ class RunRecorder:
                 by_contract[contract_id].append(test)
         results = []
         for contract in registry.up_to(self.session.level):
-            info = model.ContractInfo(
-                id=contract.id, area=contract.area, level=contract.level,
-                statement=contract.statement, source=contract.source,
-                features=list(contract.features),
-            )
+            info = contract_info(contract)
             unclaimed = sorted(set(contract.features) & self.session.unclaimed)
             results.append(model.ContractResult(info, by_contract.get(contract.id, []), unclaimed,
                                                 rerun=self.contract_rerun_command(contract.id)))
@@ -114,18 +121,22 @@ class RunRecorder:
     def contract_rerun_command(self, contract_id: str) -> str:
         """A command that reruns the installed suite's tests of one contract,
         from any folder (paths made absolute)."""
+        return shlex.join([*self._rerun_options, f"--contract={contract_id}"])
+
+    @functools.cached_property
+    def _rerun_options(self) -> list[str]:
+        from .plugin import DEFAULT_TIMEOUT  # not at the top: plugin imports this module
+
         config = self.session.config
-        args = [CLI, "run", f"--backend={self.session.backend.requested}", f"--contract={contract_id}"]
+        args = [CLI, "run", f"--backend={self.session.backend.requested}"]
         for option in ("manifest", "expectations"):
             if config.getoption(option):
                 args.append(f"--{option}={os.path.abspath(config.getoption(option))}")
         if config.getoption("level"):
             args.append(f"--level={config.getoption('level')}")
-        from .plugin import DEFAULT_TIMEOUT
-
         if self.session.timeout != DEFAULT_TIMEOUT:
             args.append(f"--timeout={self.session.timeout:g}")
-        return shlex.join(args)
+        return args
 
     def optional_features(self) -> set[str]:
         return {f.name for f in self.session.registry.features.values() if f.optional}
@@ -172,9 +183,15 @@ class RunRecorder:
         incomplete: a run that is killed or crashes leaves it behind."""
         from privateuse1_conformance.reports import json_report, writer
 
-        began = time.monotonic()
         run = self.run(complete=False, started=self.started, duration=time.time() - self.started)
-        writer.write_json(self.report_dir, json_report.to_document(run), compact=True)
+        began = time.monotonic()  # the first run() collects the provenance: not a writing cost
+        try:
+            writer.write_json(self.report_dir, json_report.to_document(run), compact=True)
+        except OSError as e:
+            # The run goes on; the final report is tried again (and fails loudly) at the end.
+            warnings.warn(f"cannot update the report in {self.report_dir}: {e}", stacklevel=1)
+            self._next_write = float("inf")
+            return
         ended = time.monotonic()
         self._next_write = ended + (WRITE_SHARE - 1) * (ended - began)
 
@@ -182,7 +199,7 @@ class RunRecorder:
         from privateuse1_conformance.reports import writer
 
         writer.remove_renderings(self.report_dir)
-        self._write_partial()
+        self._write_partial()  # even a run killed in its first test leaves a report
 
     def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
         if time.monotonic() >= self._next_write:

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import json_report, markdown
 from .model import LEVELS, Verdict
-from .text import one_line, title
+from .text import one_line, single_line, title
 
 # Severity of a contract verdict; a contract without a result is worst of all.
 _SEVERITY = {**{v.value: v.severity for v in Verdict}, json_report.NO_TEST: max(v.severity for v in Verdict) + 1}
@@ -146,11 +146,8 @@ def _verdict_line(result: Diff) -> str:
 
 
 def format_text(result: Diff) -> str:
-    from .text import printable
-
-    lines = [f"old: {printable(result.old)}", f"new: {printable(result.new)}", _level_line(result)]
-    for note in result.notes:
-        lines.append(f"note: {printable(note)}")
+    lines = [f"old: {result.old}", f"new: {result.new}", _level_line(result)]
+    lines += [f"note: {note}" for note in result.notes]
     for key, label in SECTIONS:
         changes = getattr(result, key)
         if not changes:
@@ -158,11 +155,11 @@ def format_text(result: Diff) -> str:
         lines += ["", f"{label} ({len(changes)}):"]
         for change in changes:
             lines.append(f"  {change.id:<14} {change.area:<18} {change.level:<9} {_verdicts(change)}"
-                         + (f"  {printable(change.message)}" if change.message and key != "fixes" else ""))
+                         + (f"  {change.message}" if change.message and key != "fixes" else ""))
             for test in change.tests:
-                lines.append(f"      {printable(test.nodeid)}: {test.old or '(absent)'} -> {test.new or '(absent)'}")
+                lines.append(f"      {test.nodeid}: {test.old or '(absent)'} -> {test.new or '(absent)'}")
     lines += ["", _verdict_line(result)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(single_line, lines)) + "\n"
 
 
 def format_markdown(result: Diff) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from .text import VERDICT_COLOURS, VERDICT_ORDER, failing_contracts, printable, satisfied_percent, title, truncate
+from .text import (VERDICT_COLOURS, VERDICT_ORDER, failing_contracts, map_strings, printable, provenance_rows,
+                   satisfied_percent, title, truncate, unsatisfied_of_level)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-
-
-def _printable_copy(value: Any) -> Any:
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {k: _printable_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_printable_copy(v) for v in value]
-    return value
 
 
 @lru_cache(maxsize=1)
@@ -43,19 +33,8 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-def _provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = []
-    for key, value in provenance.items():
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            value = " ".join(value) if key == "command_line" else "; ".join(value)
-        elif isinstance(value, dict) or value is None:
-            value = json.dumps(value, ensure_ascii=False, sort_keys=True) if value else "—"
-        rows.append((key, str(value)))
-    return rows
-
-
 def render(document: dict[str, Any]) -> str:
-    display = _printable_copy(document)
+    display = map_strings(document, printable)
     script = (TEMPLATES / "report.js").read_text(encoding="utf-8")
     script_hash = "sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     summary = display["summary"]
@@ -67,9 +46,10 @@ def render(document: dict[str, Any]) -> str:
         percent=satisfied_percent(display),
         test_count=sum(summary["test_verdicts"].values()),
         failures=failing_contracts(display),
+        unsatisfied={level["level"]: unsatisfied_of_level(display, level["level"]) for level in summary["levels"]},
         verdict_columns=[v for v in reversed(VERDICT_ORDER) if summary["verdicts"][v]],
         colours=VERDICT_COLOURS,
-        provenance_rows=_provenance_rows(display["provenance"]),
+        provenance_rows=provenance_rows(display["provenance"]),
         css=Markup((TEMPLATES / "report.css").read_text(encoding="utf-8")),
         script=Markup(script),
         script_hash=script_hash,

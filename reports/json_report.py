@@ -5,8 +5,8 @@ that a reviewer can re-render, diff and verify a published report with
 nothing but the JSON file. See docs/reports.md for the format.
 
 The document holds no floating-point numbers (durations are integer
-milliseconds): its canonical form is then the same whatever the JSON library,
-which keeps the digest reproducible outside Python.
+milliseconds): number formatting differs between JSON libraries, so without
+them the canonical form (canonical_bytes) is easy to reproduce outside Python.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import LEVELS, ContractInfo, ContractResult, Provenance, Run, TestResult, Verdict, contract_satisfied
+from .text import map_strings
 
 FORMAT = "privateuse1-conformance-report"
 FORMAT_VERSION = 1
@@ -136,16 +137,6 @@ def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def to_document(run: Run) -> dict[str, Any]:
     """The canonical document of `run`, sealed with its digest."""
     optional = set(run.optional_features)
@@ -161,7 +152,7 @@ def to_document(run: Run) -> dict[str, Any]:
     try:
         return seal(document)
     except UnicodeEncodeError:  # rare: walk the document only then (it is rewritten after every test)
-        return seal(_clean(document))
+        return seal(map_strings(document, lambda text: _LONE_SURROGATE.sub("\ufffd", text)))
 
 
 # ------------------------------------------------------------- document -> model

@@ -13,7 +13,8 @@ import html
 import re
 from typing import Any
 
-from .text import FAILING, VERDICT_ORDER, failing_contracts, one_line, printable, satisfied_percent, title, truncate
+from .text import (FAILING, VERDICT_ORDER, failing_contracts, one_line, printable, provenance_rows, satisfied_percent,
+                   title, truncate, unsatisfied_of_level)
 
 BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a header
 # How much of each failure to show, tried in order until the summary fits.
@@ -78,11 +79,10 @@ def _overview(document: dict[str, Any]) -> list[str]:
     lines += ["", *table(["area", "contracts", "satisfied", *columns], rows)]
     level_rows = [
         [level["level"], str(level["contracts"]), str(level["satisfied"]), "yes" if level["reached"] else "no",
-         escape(", ".join(level["blocking"]), 300) or "—"]
+         escape(", ".join(unsatisfied_of_level(document, level["level"])), 300) or "—"]
         for level in summary["levels"] if level["contracts"]
     ]
-    lines += ["", *table(["level", "contracts", "satisfied", "reached", "blocking (this level and below)"],
-                         level_rows)]
+    lines += ["", *table(["level", "contracts", "satisfied", "reached", "not satisfied"], level_rows)]
     return lines
 
 
@@ -118,7 +118,7 @@ def _lists(document: dict[str, Any]) -> list[str]:
 
 
 def _provenance(document: dict[str, Any]) -> list[str]:
-    rows = [[escape(key), escape(str(value), 300)] for key, value in document["provenance"].items()]
+    rows = [[escape(key), escape(value, 300)] for key, value in provenance_rows(document["provenance"])]
     rows.append(["digest", f"sha256 {document['digest']['value']}"])
     return ["", *collapsed("Provenance", "\n".join(table(["", ""], rows)))]
 

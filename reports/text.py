@@ -3,14 +3,16 @@ embed, and the numbers every rendering shows the same way."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-# Control characters (other than tab and newline), DEL, C1 controls and the
-# two non-characters XML 1.0 forbids even as character references. They can
-# reach us from a backend (terminal colour codes, NULs in C strings) and would
-# make XML invalid, or hide text in a terminal or a browser.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffe\uffff]")
+# Control characters (other than tab and newline), DEL, C1 controls, the
+# two non-characters XML 1.0 forbids even as character references, and the
+# bidirectional overrides that can make text read differently than it is.
+# They can reach us from a backend (terminal colour codes, NULs in C strings)
+# and would make XML invalid, or hide or disguise text.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ufffe\uffff]")
 
 FAILING = ("fail", "error", "crash", "hang")
 # Display order (worst first) and colours, shared by HTML, badge and Markdown.
@@ -23,11 +25,31 @@ VERDICT_COLOURS = {
 
 
 def printable(text: str) -> str:
-    """`text` with unprintable characters written as visible escapes (\\x1b)
-    and CR LF / CR turned into LF."""
+    """`text` with unprintable characters written as visible escapes (\\x1b,
+    \\u202e) and CR LF / CR turned into LF."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                            else "\ufffd", text)
+    return _UNPRINTABLE.sub(_visible_escape, text)
+
+
+def _visible_escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def map_strings(value: Any, function) -> Any:
+    """`value` (JSON data) with `function` applied to every string in it."""
+    if isinstance(value, str):
+        return function(value)
+    if isinstance(value, dict):
+        return {k: map_strings(v, function) for k, v in value.items()}
+    if isinstance(value, list):
+        return [map_strings(v, function) for v in value]
+    return value
+
+
+def single_line(text: str) -> str:
+    """`text` printable and on one line (for a terminal's line-oriented output)."""
+    return printable(text).replace("\n", " ")
 
 
 def truncate(text: str, limit: int) -> str:
@@ -62,3 +84,22 @@ def failing_contracts(document: dict[str, Any]) -> list[dict[str, Any]]:
     worst verdict first (stable within a verdict)."""
     unsatisfied = [c for c in document["contracts"] if not c["satisfied"]]
     return sorted(unsatisfied, key=lambda c: VERDICT_ORDER.index(c["verdict"]))
+
+
+def unsatisfied_of_level(document: dict[str, Any], level: str) -> list[str]:
+    """IDs of the contracts of `level` itself that are not satisfied (the
+    summary's `blocking` also repeats those of the levels below)."""
+    return [c["id"] for c in document["contracts"] if c["level"] == level and not c["satisfied"]]
+
+
+def provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, value) pairs for a provenance table: lists and mappings flattened
+    to one readable string each."""
+    rows = []
+    for key, value in provenance.items():
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = " ".join(value) if key == "command_line" else "; ".join(value)
+        elif isinstance(value, dict) or value is None:
+            value = json.dumps(value, ensure_ascii=False, sort_keys=True) if value else "—"
+        rows.append((key, str(value)))
+    return rows

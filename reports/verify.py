@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from . import json_report
 from .model import LEVELS, ContractInfo, ContractResult, TestResult, Verdict, contract_satisfied
-from .text import one_line
+from .text import one_line, single_line
 
 REQUIRED_PROVENANCE = (
     "kit_version", "torch_version", "torch_build", "python", "platform", "backend_requested", "backend_name",
@@ -169,4 +169,4 @@ def format_text(result: Verification, path: str = "") -> str:
         lines = [f"{where}NOT VERIFIED for level {result.level or '(none)'}: {len(result.problems)} problem(s)"]
         lines += [f"  - {problem}" for problem in result.problems]
     lines += [f"  note: {note}" for note in result.notes]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(single_line, lines)) + "\n"

@@ -16,11 +16,12 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
 
-import openreg  # noqa: F401  (claims PrivateUse1 as "openreg")
+import openreg  # (claims PrivateUse1 as "openreg")
 from privateuse1_conformance.conformance import _cxx
 
 # Environment variables that configure the backend: removed from the
@@ -87,3 +88,63 @@ def assert_range_error(excinfo: pytest.ExceptionInfo, index: int, count: int) ->
     rest = message.replace(f"[0, {count})", "")
     assert re.search(rf"(?<![\d-]){index}(?!\d)", rest), (
         f"error message does not name the given index {index}: {message!r}")
+
+
+class Gate:
+    """Blocks `stream` at this point of its queue until opened (a kernel that
+    waits: ``openreg._C._testing_block_stream``), so that tests can observe work
+    still queued behind it without sleeping on guesses. Use it as a context
+    manager: the gate is always opened on exit, also when an assertion fails,
+    so that no stream stays blocked for the next test. While a stream is
+    gated, only asynchronous work may be launched on it from this thread
+    (synchronous operators would wait for the gate forever)."""
+
+    def __init__(self, stream: torch.Stream) -> None:
+        self._id = openreg._C._testing_block_stream(stream)
+        self.is_open = False
+
+    def open(self) -> None:
+        if not self.is_open:
+            self.is_open = True
+            openreg._C._testing_open_gate(self._id)
+
+    def __enter__(self) -> "Gate":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.open()
+
+
+def still_blocked(thread, seconds: float = 0.3) -> bool:
+    """Whether `thread` is still running after `seconds`. Used to check that a
+    call waits for gated work: a correct backend never finishes while the gate
+    is closed (so this never fails spuriously); a backend that does not wait
+    finishes long before."""
+    thread.join(seconds)
+    return thread.is_alive()
+
+
+class Background(threading.Thread):
+    """Runs `fn` in a daemon thread (so a hang cannot keep the process alive)
+    and keeps its result or exception. Started on construction."""
+
+    def __init__(self, fn) -> None:
+        super().__init__(daemon=True)
+        self._fn = fn
+        self.result = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            self.error = e
+
+    def value(self, timeout: float = 30):
+        """Join and return the result (re-raising the thread's exception)."""
+        self.join(timeout)
+        assert not self.is_alive(), f"the background call did not finish within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result

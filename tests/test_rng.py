@@ -157,3 +157,75 @@ def test_offsets_raise_a_clear_error(which):
 def test_generator_of_another_type_is_rejected():
     with pytest.raises(RuntimeError, match="openreg"):
         torch.randn(3, device="openreg", generator=torch.Generator())
+
+
+# ---------------------------------------- generator objects, per device
+
+
+def test_torch_generator_on_each_device_has_the_full_api(n_devices):
+    """RG-STATE-001 / RG-OFFSET-001 through torch.Generator(device='openreg:i')."""
+    for i in range(n_devices):
+        device = f"openreg:{i}"
+        g = torch.Generator(device=device)
+        assert g.device == torch.device("openreg", i)
+        assert g.manual_seed(7) is g and g.initial_seed() == 7
+        state = g.get_state()
+        assert state.device.type == "cpu" and state.dtype == torch.uint8
+        first = draw(device, generator=g)
+        g.set_state(state)
+        assert torch.equal(draw(device, generator=g), first), f"set_state did not rewind {device}"
+        clone = g.clone_state()
+        assert clone.device == g.device and clone is not g
+        assert torch.equal(draw(device, generator=clone), draw(device, generator=g)), (
+            "clone_state() does not continue the same sequence")
+        value = g.seed()
+        assert g.initial_seed() == value
+        for call in (lambda: g.set_offset(4), g.get_offset):
+            with pytest.raises(RuntimeError, match="offset"):
+                call()
+
+
+def test_drawing_and_seeding_elsewhere_leaves_a_devices_state_alone(two_devices):
+    """RG-INDEP-001: CPU draws, device 0 draws, a device-0 generator object and
+    seeding device 0 do not touch device 1's default generator."""
+    torch.manual_seed(5)
+    state1 = torch.openreg.get_rng_state(1)
+    torch.rand(100)
+    draw("openreg:0", n=100)
+    draw("openreg:0", generator=torch.Generator(device="openreg:0").manual_seed(1))
+    torch.openreg.set_device(0)
+    torch.openreg.manual_seed(3)
+    assert torch.equal(torch.openreg.get_rng_state(1), state1)
+
+
+def test_fork_rng_forks_only_the_devices_named(two_devices):
+    """RG-FORK-001 with devices=[1]: device 1 is restored, device 0 is not."""
+    torch.manual_seed(3)
+    expected1 = draw("openreg:1")
+    first0, second0 = draw("openreg:0"), draw("openreg:0")
+    torch.manual_seed(3)
+    with torch.random.fork_rng(devices=[1], device_type="openreg"):
+        draw("openreg:1", n=50)
+        assert torch.equal(draw("openreg:0"), first0)
+    assert torch.equal(draw("openreg:1"), expected1), "fork_rng did not restore openreg:1"
+    assert torch.equal(draw("openreg:0"), second0), "fork_rng restored a device it was not given"
+
+
+def test_dropout_draws_from_the_device_generator(two_devices):
+    """F.dropout on the device reaches native_dropout, whose mask comes from
+    the device's default generator (not the CPU's, which the CPU fallback
+    would use for an operator without a generator argument)."""
+    ones = torch.ones(1000, device="openreg:1")
+    torch.manual_seed(0)
+    a = torch.nn.functional.dropout(ones, 0.5).cpu()
+    torch.manual_seed(0)
+    torch.rand(100)
+    draw("openreg:0", n=100)
+    b = torch.nn.functional.dropout(ones, 0.5).cpu()
+    assert torch.equal(a, b), "CPU or device-0 draws changed device 1's dropout mask"
+    assert set(a.unique().tolist()) == {0.0, 2.0} and 350 < int((a == 0).sum()) < 650
+    state = torch.openreg.get_rng_state(1)
+    c = torch.nn.functional.dropout(ones, 0.5).cpu()
+    torch.openreg.set_rng_state(state, 1)
+    assert torch.equal(torch.nn.functional.dropout(ones, 0.5).cpu(), c)
+    assert not torch.equal(c, a), "two dropout calls drew the same mask"

@@ -334,6 +334,24 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }
 
+// Operators whose composite kernels would win over the fallback for
+// PrivateUse1 but do not work (or work badly) there: route them to the
+// fallback explicitly, so that PyTorch's CPU kernels run on the aliases.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  const auto fallback = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>();
+  };
+  // convolution selects ConvBackend::Overrideable for PrivateUse1, whose
+  // kernels (convolution_overrideable and its backward) only raise
+  // NotImplementedError.
+  m.impl("convolution", fallback());
+  m.impl("convolution_backward", fallback());
+  // Structured losses: the generic functional kernel resizes a 0-dim output
+  // through the out= kernel, which warns about resizing a non-empty output.
+  m.impl("mse_loss", fallback());
+  m.impl("smooth_l1_loss", fallback());
+}
+
 // Autocast for OpenReg runs PyTorch's generic policy; operators without a
 // policy fall through.
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {

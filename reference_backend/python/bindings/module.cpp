@@ -9,6 +9,7 @@
 #include <Stream.h>
 
 #include <ATen/Context.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
@@ -156,6 +157,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_default_stream", [](const py::handle& index) {
     return openreg::default_stream(to_index(index, "device", true));
+  });
+  // torch.Event.elapsed_time accepts only exact torch.Event objects (a type
+  // check in torch/csrc/Event.cpp), not torch.openreg.Event, a subclass.
+  m.def("_event_elapsed_time", [](const py::handle& start, const py::handle& end) {
+    TORCH_CHECK_TYPE(THPEvent_Check(start.ptr()) && THPEvent_Check(end.ptr()),
+                     "OpenReg: elapsed_time expects two torch.Event objects");
+    return reinterpret_cast<THPEvent*>(start.ptr())->event.elapsedTime(
+        reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
 
   // Testing aid: a kernel that blocks `stream` until the gate is opened,

@@ -59,6 +59,15 @@ class Stream(torch.Stream):
         """(least, greatest) priority: (0, -1)."""
         return (0, -1)
 
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        """Record `event` (default: a new torch.openreg.Event) on this stream.
+        torch.Stream's own method refuses torch.Event subclasses such as
+        torch.openreg.Event."""
+        if event is None:
+            event = Event(self.device_index)
+        event.record(self)
+        return event
+
     def __repr__(self) -> str:
         return f"openreg.Stream(device=openreg:{self.device_index}, stream_id={self.stream_id}, priority={self.priority})"
 
@@ -68,6 +77,9 @@ class Event(torch.Event):
 
     ``record()`` without a stream records on the current stream of the
     event's device (torch.Event alone would use the current device's).
+    ``wait()`` without a stream makes the current stream of the *current*
+    device wait, as torch.Event.wait does: that is the consumer's stream,
+    possibly on another device.
     """
 
     def __new__(cls, device: Any = None, *, enable_timing: bool = False, **kwargs: Any) -> Event:
@@ -80,8 +92,11 @@ class Event(torch.Event):
     def record(self, stream: torch.Stream | None = None) -> None:
         super().record(current_stream(self._openreg_index) if stream is None else stream)
 
-    def wait(self, stream: torch.Stream | None = None) -> None:
-        super().wait(current_stream(self._openreg_index) if stream is None else stream)
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds between this event and `end_event` (both recorded
+        with enable_timing=True and completed). torch.Event's own method
+        refuses subclasses such as this one as `end_event`."""
+        return _C._event_elapsed_time(self, end_event)
 
 
 def _wrap(stream: torch.Stream) -> Stream:
