@@ -127,6 +127,23 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mutants(args: argparse.Namespace) -> int:
+    from . import mutants as mutants_mod
+
+    contracts = registry_mod.load(registry_mod.default_path())
+    registry = mutants_mod.load(args.registry or mutants_mod.default_path(), contracts)
+    unknown = [m for m in args.only if m not in registry.mutants]
+    if unknown:
+        print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    print(f"{len(args.only or registry.mutants)} mutant(s) of {registry.backend!r}, {args.jobs} job(s)")
+    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout)
+    print(mutants_mod.format_matrix(result))
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"kill matrix written to {Path(args.output).resolve()}")
+    return 0 if result["score"] == 1.0 else 1
+
+
 def _contracts(args: argparse.Namespace) -> int:
     registry = registry_mod.load(args.registry or registry_mod.default_path())
     contracts = registry.up_to(args.level) if args.level else registry.active()
@@ -225,6 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     contracts.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     contracts.add_argument("--registry", help=argparse.SUPPRESS)
     contracts.set_defaults(handler=_contracts)
+
+    mutants = commands.add_parser(
+        "mutants", help="run the suite against every mutant of the reference backend (exit 1 unless all are killed)")
+    mutants.add_argument("--jobs", "-j", type=int, default=2, help="mutants run in parallel")
+    mutants.add_argument("--only", nargs="*", default=[], metavar="ID", help="run just these mutants")
+    mutants.add_argument("--timeout", type=float, default=30.0, help="seconds before a test counts as hung")
+    mutants.add_argument("--output", default="mutants.json", help="where to write the kill matrix (JSON)")
+    mutants.add_argument("--registry", help=argparse.SUPPRESS)
+    mutants.set_defaults(handler=_mutants)
     return parser
 
 

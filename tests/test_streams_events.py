@@ -76,6 +76,21 @@ def test_non_blocking_d2h_copy_into_pinned_memory_lands_only_after_synchronize()
     assert torch.equal(host, expected)
 
 
+def test_to_cpu_non_blocking_returns_pinned_memory_filled_after_synchronize():
+    """PyTorch's _to_copy pins the result of x.to("cpu", non_blocking=True) for
+    PrivateUse1 sources (as for CUDA), which makes the copy asynchronous."""
+    expected = torch.arange(SIZE, dtype=torch.float32)
+    x = expected.to("openreg")
+    s = Stream()
+    with Gate(s) as gate:
+        host = on(s, lambda: x.to("cpu", non_blocking=True)).value(timeout=10)
+        assert host.is_pinned(), "x.to('cpu', non_blocking=True) did not give pinned memory"
+        assert not s.query()
+        gate.open()
+        s.synchronize()
+    assert torch.equal(host, expected)
+
+
 LAUNCHES = {
     "transpose kernel": (lambda: torch.arange(64.0).view(8, 8), lambda x: x.t()),
     "dtype conversion kernel": (lambda: torch.arange(64.0), lambda x: x.double()),
@@ -152,16 +167,18 @@ def test_pool_has_32_streams_per_priority_handed_out_round_robin(n_devices, prio
         assert nxt.stream_id == base + (ids[-1] - base + 1) % 32 and nxt.device_index == device
         default = torch.openreg.default_stream(device)
         assert default.stream_id == 0 and default.stream_id not in ids, "a pool stream aliases the default"
-        assert torch.openreg.current_stream(device) == default
 
 
 def test_streams_are_distinct_and_run_independently():
     a, b = Stream(), Stream()
     assert a != b and a.stream_id != b.stream_id and hash(a) != hash(b)
+    x = torch.arange(SIZE, dtype=torch.float32, device="openreg")
+    y = torch.zeros(SIZE, device="openreg")
     with Gate(a):
+        on(b, lambda: y.copy_(x)).value(timeout=10)
+        Background(b.synchronize).value(timeout=30)  # b does not wait for the gated a
+        assert torch.equal(y.cpu(), x.cpu())
         assert not a.query()
-        assert b.query(), "a gated stream blocks another stream"
-        b.synchronize()  # returns: b does not wait for a
 
 
 @pytest.mark.parametrize("requested, reported", [(0, 0), (-1, -1), (1, 0), (7, 0), (-2, -1), (-100, -1)])
@@ -256,6 +273,16 @@ def test_event_records_on_the_current_stream_of_its_own_device(two_devices, defa
         gate.open()
         e.synchronize()
     assert e.query()
+
+
+def test_event_keeps_its_device_and_refuses_streams_of_other_devices(two_devices):
+    e = Event(1)
+    assert e.device == torch.device("openreg", 1), "the event's device is unknown before its first record"
+    with pytest.raises(RuntimeError, match="event of device 1 cannot be recorded on a stream of device 0"):
+        e.record(Stream(0))
+    e.record(Stream(1))
+    e.synchronize()
+    assert e.device == torch.device("openreg", 1)
 
 
 def _wait_stream(producer, consumer):

@@ -89,8 +89,22 @@ class Event(torch.Event):
         event._openreg_index = index
         return event
 
+    @property
+    def device(self) -> torch.device:
+        """The event's device, also before its first record (torch.Event
+        reports one only once recorded)."""
+        return torch.device("openreg", self._openreg_index)
+
     def record(self, stream: torch.Stream | None = None) -> None:
-        super().record(current_stream(self._openreg_index) if stream is None else stream)
+        if stream is None:
+            stream = current_stream(self._openreg_index)
+        elif stream.device.type == "openreg" and stream.device_index != self._openreg_index:
+            # torch.Event would silently move to the stream's device on its
+            # first record: its device is unset until then.
+            raise RuntimeError(
+                f"OpenReg: an event of device {self._openreg_index} cannot be recorded on a "
+                f"stream of device {stream.device_index}")
+        super().record(stream)
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds between this event and `end_event` (both recorded

@@ -1,0 +1,204 @@
+"""Mutation testing of the suite: run it against deliberately broken
+variants of a backend ("mutants") and require each to be rejected.
+
+The mutant registry (conformance/mutants.toml) names the backend, the
+environment variable that selects a mutant in it, and every mutant with the
+contract IDs it violates. For each mutant:
+
+1. the tests of its contracts run with the mutant selected; if one of them
+   gives fail, error, crash or hang, the mutant is **killed** (on target);
+2. otherwise the whole suite runs: a failure elsewhere makes it **killed
+   off-target** (the suite noticed, but not where it should have), no failure
+   leaves it **survived**. Neither counts towards the score.
+
+Before any mutant, the same tests run once without a mutant and must all
+pass: a check that already fails would otherwise "kill" every mutant.
+The score is killed / total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from . import registry as registry_mod
+
+PLUGIN = "privateuse1_conformance.harness.plugin"
+SUITE = "privateuse1_conformance.conformance"
+KILLING_VERDICTS = {"fail", "error", "crash", "hang"}
+
+
+class MutantRegistryError(ValueError):
+    """The mutant registry is malformed."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    contracts: tuple[str, ...]
+    description: str
+
+
+@dataclass
+class MutantRegistry:
+    path: Path
+    backend: str
+    selector_env: str
+    mutants: dict[str, Mutant]
+
+
+def default_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("privateuse1_conformance.conformance") / "mutants.toml"))
+
+
+def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
+    path = Path(path)
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    try:
+        backend, selector = data["backend"], data["selector_env"]
+        entries = data["mutant"]
+    except KeyError as e:
+        raise MutantRegistryError(f"{path}: missing {e}") from None
+    mutants: dict[str, Mutant] = {}
+    for entry in entries:
+        mutant_id = entry.get("id", "")
+        where = f"{path}: mutant {mutant_id or '?'}"
+        if not mutant_id or mutant_id in mutants:
+            raise MutantRegistryError(f"{where}: missing or duplicate id")
+        ids = tuple(entry.get("contracts", ()))
+        if not ids:
+            raise MutantRegistryError(f"{where}: names no contract")
+        unknown = [c for c in ids if c not in contracts.contracts]
+        if unknown:
+            raise MutantRegistryError(f"{where}: unknown contracts {unknown}")
+        if not entry.get("description"):
+            raise MutantRegistryError(f"{where}: needs a description")
+        mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"])
+    return MutantRegistry(path, backend, selector, mutants)
+
+
+@dataclass
+class Outcome:
+    mutant: str
+    contracts: list[str]
+    status: str                 # killed | killed-off-target | survived | error
+    killing_tests: list[str] = field(default_factory=list)
+    killing_contracts: list[str] = field(default_factory=list)
+    verdicts: dict[str, str] = field(default_factory=dict)  # contract -> verdict
+    seconds: float = 0.0
+    note: str = ""
+
+
+def _run_suite(backend: str, env: dict[str, str], contracts: list[str] | None,
+               timeout: float) -> tuple[dict | None, str]:
+    """Run the suite in a fresh process; return (report, output tail)."""
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        args = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q",
+                "--pyargs", SUITE, f"--backend={backend}", f"--report-dir={tmp}/report",
+                f"--contract-timeout={timeout}"]
+        if contracts:
+            args.append("--contract=" + ",".join(contracts))
+        proc = subprocess.run(args, cwd=tmp, env={**os.environ, **env}, capture_output=True, text=True)
+        report_file = Path(tmp) / "report" / "report.json"
+        report = json.loads(report_file.read_text()) if report_file.exists() else None
+        return report, (proc.stdout + proc.stderr)[-3000:]
+
+
+def _failures(report: dict) -> tuple[list[str], dict[str, str]]:
+    """(failing test node IDs, contract -> verdict for contracts that failed)."""
+    tests, contracts = [], {}
+    for contract in report["contracts"]:
+        bad = [t for t in contract["tests"] if t["verdict"] in KILLING_VERDICTS]
+        if bad:
+            contracts[contract["id"]] = contract["verdict"]
+            tests.extend(t["nodeid"] for t in bad)
+    return sorted(set(tests)), contracts
+
+
+def check_baseline(registry: MutantRegistry, timeout: float) -> list[str]:
+    """Problems with the unmutated backend on the mutants' contracts."""
+    contracts = sorted({c for m in registry.mutants.values() for c in m.contracts})
+    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout)
+    if report is None:
+        return [f"the baseline run wrote no report:\n{tail}"]
+    _, failing = _failures(report)
+    return [f"{c} already fails without a mutant ({v})" for c, v in sorted(failing.items())]
+
+
+def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float) -> Outcome:
+    start = time.monotonic()
+    env = {registry.selector_env: mutant.id}
+    outcome = Outcome(mutant.id, list(mutant.contracts), "error")
+    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout)
+    if report is None:
+        outcome.note = f"the run wrote no report:\n{tail}"
+    else:
+        tests, failing = _failures(report)
+        outcome.verdicts = {c["id"]: c["verdict"] for c in report["contracts"] if c["id"] in mutant.contracts}
+        on_target = sorted(set(failing) & set(mutant.contracts))
+        if on_target:
+            outcome.status, outcome.killing_tests, outcome.killing_contracts = "killed", tests, on_target
+        else:
+            full, tail = _run_suite(registry.backend, env, None, timeout)
+            if full is None:
+                outcome.note = f"the whole-suite run wrote no report:\n{tail}"
+            else:
+                tests, failing = _failures(full)
+                outcome.status = "killed-off-target" if failing else "survived"
+                outcome.killing_tests, outcome.killing_contracts = tests, sorted(failing)
+    outcome.seconds = round(time.monotonic() - start, 1)
+    return outcome
+
+
+def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout: float,
+            progress=print) -> dict:
+    selected = [registry.mutants[m] for m in only] if only else list(registry.mutants.values())
+    problems = check_baseline(registry, timeout)
+    if problems:
+        return {"baseline_problems": problems, "outcomes": [], "score": None}
+    outcomes: list[Outcome] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for outcome in pool.map(lambda m: run_mutant(registry, m, timeout), selected):
+            outcomes.append(outcome)
+            progress(f"{outcome.status:<18} {outcome.mutant:<40} {outcome.seconds:>6.1f} s")
+    killed = sum(o.status == "killed" for o in outcomes)
+    return {
+        "backend": registry.backend,
+        "registry": str(registry.path),
+        "total": len(outcomes),
+        "killed": killed,
+        "score": round(killed / len(outcomes), 4) if outcomes else None,
+        "baseline_problems": [],
+        "outcomes": [asdict(o) for o in outcomes],
+    }
+
+
+def format_matrix(result: dict) -> str:
+    """The kill matrix: mutant -> status, contracts that failed, tests that failed."""
+    if result.get("baseline_problems"):
+        return "baseline run failed, no mutant was run:\n  " + "\n  ".join(result["baseline_problems"])
+    lines = [f"{'mutant':<40} {'violates':<28} {'status':<18} killed by"]
+    for o in result["outcomes"]:
+        by = ", ".join(o["killing_contracts"]) or "-"
+        tests = "; ".join(t.split("::", 1)[-1] for t in o["killing_tests"][:3])
+        more = f" (+{len(o['killing_tests']) - 3})" if len(o["killing_tests"]) > 3 else ""
+        lines.append(f"{o['mutant']:<40} {','.join(o['contracts']):<28} {o['status']:<18} {by}"
+                     + (f" [{tests}{more}]" if tests else ""))
+    lines.append(f"score: {result['killed']}/{result['total']} killed on target"
+                 + (f" ({result['score']:.0%})" if result["score"] is not None else ""))
+    return "\n".join(lines)
