@@ -6,6 +6,7 @@
 #include <Exception.h>
 #include <Generator.h>
 #include <Hooks.h>
+#include <Mutants.h>
 #include <Stream.h>
 
 #include <ATen/Context.h>
@@ -197,6 +198,9 @@ PYBIND11_MODULE(_C, m) {
     }
     gate->set_value();
   });
+
+  // Mutation testing (csrc/Mutants.h): the mutants implemented in C++.
+  m.def("_known_mutants", [] { return openreg::mutant::known(); });
 
   // The floor for benchmarks: a pybind11 call that does nothing.
   m.def("_noop", [] {});

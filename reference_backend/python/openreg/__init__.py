@@ -39,6 +39,9 @@ def _check_privateuse1_is_free() -> None:
 _check_privateuse1_is_free()
 
 from . import _C  # noqa: E402 - loading it registers the backend with PyTorch
+from . import _mutants  # noqa: E402
+
+_mutants.check(_C._known_mutants())  # an unknown OPENREG_MUTANT is an error, not a no-op
 
 __all__ = [
     "Event",
