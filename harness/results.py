@@ -230,8 +230,14 @@ class RunRecorder:
         counts: dict[str, Counter] = defaultdict(Counter)
         for result in self.results:
             verdict = result.verdict
-            counts[result.contract.area][verdict.value if verdict else "no test"] += 1
-        columns = [v.value for v in verdict_columns] + ["no test"]
+            # No result: either no test declares the contract, or its tests
+            # were not selected (--contract, -k, --level).
+            missing = "no test" if result.contract.id not in session.covered else "not run"
+            counts[result.contract.area][verdict.value if verdict else missing] += 1
+        # Only the verdicts that occur (pass always), so the table stays narrow.
+        seen = {v for area_counts in counts.values() for v in area_counts}
+        columns = [c for c in [v.value for v in verdict_columns] + ["not run", "no test"]
+                   if c == "pass" or c in seen]
         terminal.line(f"{'area':<18}" + "".join(f"{c:>12}" for c in columns))
         for area in session.registry.areas:
             if area in counts:
@@ -248,7 +254,8 @@ class RunRecorder:
                 continue
             blocking = model.blocking_contracts(self.results, self.optional_features(), level)
             shown = ", ".join(
-                f"{r.contract.id} ({r.verdict.value if r.verdict else 'no test'})" for r in blocking[:12]
+                f"{r.contract.id} ({r.verdict.value if r.verdict else 'not run' if r.contract.id in session.covered else 'no test'})"
+                for r in blocking[:12]
             )
             more = f" and {len(blocking) - 12} more" if len(blocking) > 12 else ""
             terminal.line(f"Blocking {level}: {shown}{more}")

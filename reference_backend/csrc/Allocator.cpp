@@ -2,11 +2,13 @@
 
 #include "DeviceManagement.h"
 #include "Exception.h"
+#include "Mutants.h"
 #include "Stream.h"
 
 #include <c10/util/irange.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -98,6 +100,8 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const auto device = current_device();
     const c10::Device torch_device(c10::DeviceType::PrivateUse1, device);
+    TORCH_CHECK(nbytes != 0 || !mutant::is("zero-byte-allocation-fails"),
+                "OpenReg: cannot allocate 0 bytes on device ", static_cast<int>(device));
     if (nbytes == 0) return c10::DataPtr(nullptr, torch_device);
     used_ = true;
     const c10::Stream stream = current_stream(device);
@@ -135,6 +139,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         }
         size_t free_bytes = 0, total_bytes = 0;
         orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes);
+        if (mutant::is("oom-aborts")) std::abort();
         TORCH_CHECK_WITH(OutOfMemoryError, false,
             "OpenReg out of memory on device ", static_cast<int>(device),
             ": tried to allocate ", nbytes, " bytes. The device has ",
@@ -179,6 +184,8 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t mempool_id) override {
     TORCH_CHECK(mempool_id.first == 0 && mempool_id.second == 0,
                 "OpenReg: memory pools are not supported");
+    TORCH_CHECK(used_ || !mutant::is("empty-cache-before-init-raises"),
+                "OpenReg: empty_cache: the device allocator is not initialized");
     for (const auto device : c10::irange(caches_.size())) {
       if (!is_device_initialized(static_cast<c10::DeviceIndex>(device))) continue;
       release_cache(*caches_[device], static_cast<int>(device));
@@ -219,6 +226,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   void resetPeakStats(c10::DeviceIndex device) override {
     device = resolve_device_index(device, "device");
+    if (mutant::is("peak-never-resets")) return;
     DeviceCache& cache = *caches_[device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     for_each_stat(cache.stats, [](Stat& s) { s.reset_peak(); });
@@ -237,11 +245,13 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.active.erase(block->ptr);
     const bool small = block->size <= kSmallLimit;
-    update(cache.stats.allocation, block->size, small, -1);
-    update(cache.stats.active, block->size, small, -1);
-    update(cache.stats.allocated_bytes, block->size, small, -static_cast<int64_t>(block->size));
-    update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
-    update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
+    if (!mutant::is("stats-ignore-frees")) {
+      update(cache.stats.allocation, block->size, small, -1);
+      update(cache.stats.active, block->size, small, -1);
+      update(cache.stats.allocated_bytes, block->size, small, -static_cast<int64_t>(block->size));
+      update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
+      update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
+    }
     if (block->uses.empty()) {
       cache.cached[{block->stream.id(), block->size}].push_back(block);
       return;
@@ -368,7 +378,8 @@ class OpenRegHostAllocator final : public at::HostAllocator {
     reclaim(/*wait=*/false);
     if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
     void* ptr = nullptr;
-    OPENREG_CHECK(orMallocHost(&ptr, nbytes));
+    if (mutant::is("pinned-memory-is-pageable")) ptr = std::malloc(nbytes);  // (never freed)
+    else OPENREG_CHECK(orMallocHost(&ptr, nbytes));
     auto* block = new HostBlock{ptr, nbytes, {}};
     std::lock_guard<std::mutex> lock(mutex_);
     live_.emplace(ptr, block);
@@ -387,6 +398,7 @@ class OpenRegHostAllocator final : public at::HostAllocator {
   }
 
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    if (mutant::is("pinned-block-freed-before-copy")) return true;
     auto* block = static_cast<HostBlock*>(ctx);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(block ? block->ptr : ptr);
@@ -511,7 +523,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {
         ? c10::DataPtr(nullptr, device)
         : the_device_allocator().allocate(new_nbytes);
     const size_t common = std::min(storage->nbytes(), new_nbytes);
-    if (common > 0) {
+    if (common > 0 && !mutant::is("resize-drops-data")) {
       const c10::Stream stream = current_stream(device.index());
       OPENREG_CHECK(orMemcpyAsync(fresh.get(), storage->data(), common,
                                   orMemcpyDeviceToDevice, native_stream(stream)));

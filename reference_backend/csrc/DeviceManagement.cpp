@@ -1,10 +1,26 @@
 #include "DeviceManagement.h"
 
 #include "Exception.h"
+#include "Mutants.h"
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
+
 namespace openreg {
+
+namespace {
+
+// Mutant current-device-process-wide: one current device for the whole
+// process instead of the runtime's per-thread one.
+std::atomic<int> g_process_device{0};
+
+orError_t switch_device(int index) {
+  if (mutant::is("current-device-process-wide")) g_process_device.store(index);
+  return orSetDevice(index);
+}
+
+}  // namespace
 
 c10::DeviceIndex device_count() noexcept {
   // The runtime reads its configuration once, so the answer never changes.
@@ -21,6 +37,8 @@ c10::DeviceIndex device_count() noexcept {
 
 void check_device_index(c10::DeviceIndex index, const char* argument) {
   const auto count = device_count();
+  TORCH_CHECK(!mutant::is("range-error-without-range") || (index >= 0 && index < count),
+              "OpenReg: invalid device");
   TORCH_CHECK(count > 0, "OpenReg: ", argument, "=",
                     static_cast<int>(index),
                     " is invalid: there are no OpenReg devices");
@@ -40,13 +58,19 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index,
 c10::DeviceIndex current_device() {
   int device = 0;
   OPENREG_CHECK(orGetDevice(&device));
+  if (mutant::is("current-device-process-wide")) {
+    const int shared = g_process_device.load();
+    if (shared != device) orSetDevice(shared);  // the runtime follows
+    return static_cast<c10::DeviceIndex>(shared);
+  }
   return static_cast<c10::DeviceIndex>(device);
 }
 
 void set_device(c10::DeviceIndex index) {
+  if (mutant::is("set-device-ignores-out-of-range") && (index < 0 || index >= device_count())) return;
   check_device_index(index);
   if (index != current_device()) {
-    OPENREG_CHECK(orSetDevice(index));
+    OPENREG_CHECK(switch_device(index));
   }
 }
 
@@ -54,19 +78,28 @@ c10::DeviceIndex exchange_device(c10::DeviceIndex index) {
   check_device_index(index);
   const auto previous = current_device();
   if (index != previous) {
-    OPENREG_CHECK(orSetDevice(index));
+    OPENREG_CHECK(switch_device(index));
   }
-  return previous;
+  return mutant::is("exchange-returns-new") ? index : previous;
 }
 
 c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex index) {
   const auto count = device_count();
   if (count == 0) return -1;
+  if (mutant::is("maybe-exchange-minus-one-raises") && index == -1) check_device_index(index);
   const auto previous = current_device();
   if (index >= 0 && index < count && index != previous) {
-    OPENREG_CHECK(orSetDevice(index));
+    OPENREG_CHECK(switch_device(index));
   }
   return previous;
+}
+
+void unchecked_set_device(c10::DeviceIndex index) noexcept {
+  if (index < 0 || index >= device_count()) return;
+  int current = -1;
+  if (orGetDevice(&current) != orSuccess) return;
+  if (mutant::is("current-device-process-wide")) current = g_process_device.load();
+  if (current != index) switch_device(index);
 }
 
 bool is_device_initialized(c10::DeviceIndex index) noexcept {

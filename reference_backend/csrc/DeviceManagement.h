@@ -28,6 +28,10 @@ c10::DeviceIndex exchange_device(c10::DeviceIndex index);
 // like exchange_device. Never throws for a bad index.
 c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex index);
 
+// What guard destructors need: switches to `index` if it is a valid device
+// and not already current; ignores anything else. Never throws.
+void unchecked_set_device(c10::DeviceIndex index) noexcept;
+
 // Whether the runtime has initialized `index` (a "primary context").
 // Never initializes; false for invalid indices.
 bool is_device_initialized(c10::DeviceIndex index) noexcept;

@@ -17,6 +17,7 @@
 #include "DeviceManagement.h"
 #include "Exception.h"
 #include "Generator.h"
+#include "Mutants.h"
 #include "Stream.h"
 #include "Allocator.h"
 
@@ -178,7 +179,10 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 c10::IValue to_cpu(const c10::IValue& value, const c10::Argument& argument,
                    AliasBuilder& builder, c10::DeviceIndex device) {
   if (is_optional_generator(argument)) {
-    if (value.isNone()) return cpu_state_of(default_generator(device));
+    if (value.isNone()) {
+      if (mutant::is("random-ops-use-cpu-generator")) return c10::IValue();  // CPU default generator
+      return cpu_state_of(default_generator(device));
+    }
     const at::Generator generator = value.toGenerator();
     TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
                 "Expected a 'openreg' device type for generator but found '",
@@ -230,7 +234,8 @@ at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
               " is not supported on openreg:", static_cast<int>(device),
               ": its CPU kernel returned a tensor with layout ", t.layout(),
               ", but OpenReg supports strided tensors only");
-  if (const c10::Storage* storage = builder.device_storage_of(t.storage().unsafeGetStorageImpl())) {
+  const c10::Storage* storage = builder.device_storage_of(t.storage().unsafeGetStorageImpl());
+  if (storage && !mutant::is("fallback-views-are-copies")) {
     return device_view(*storage, t, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1));
   }
   const auto options = t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device));

@@ -1,6 +1,7 @@
 #include "Generator.h"
 
 #include "DeviceManagement.h"
+#include "Mutants.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>
@@ -33,14 +34,17 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
     return cpu_.seed();
   }
   void set_offset(uint64_t) override {
+    if (mutant::is("offset-silently-ignored")) return;
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
   uint64_t get_offset() const override {
+    if (mutant::is("offset-silently-ignored")) return 0;
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
   void set_state(const c10::TensorImpl& new_state) override {
+    if (mutant::is("rng-set-state-ignored")) return;
     std::lock_guard<std::mutex> lock(cpu_.unsafeGetGeneratorImpl()->mutex_);
     cpu_.unsafeGetGeneratorImpl()->set_state(new_state);
   }
@@ -69,6 +73,7 @@ at::Generator make(c10::DeviceIndex index) {
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
   index = resolve_device_index(index, "device_index");
+  if (mutant::is("default-generator-new-per-call")) return *new at::Generator(make(index));  // leaks, too
   struct Slot {
     std::once_flag once;
     at::Generator generator;
@@ -79,13 +84,15 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
     for (int i = 0; i < device_count(); ++i) v->push_back(std::make_unique<Slot>());
     return v;
   }();
-  Slot& slot = *(*slots)[index];
+  Slot& slot = *(*slots)[mutant::is("one-generator-for-all-devices") ? 0 : index];
   std::call_once(slot.once, [&] { slot.generator = make(index); });
   return slot.generator;
 }
 
 at::Generator new_generator(c10::DeviceIndex index) {
-  return make(resolve_device_index(index, "device_index"));
+  index = resolve_device_index(index, "device_index");
+  if (mutant::is("new-generator-is-default")) return default_generator(index);
+  return make(index);
 }
 
 at::Generator cpu_state_of(const at::Generator& generator) {

@@ -3,9 +3,14 @@
 #include "Allocator.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
+#include "Mutants.h"
 #include "Stream.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
 
 namespace openreg {
 
@@ -15,54 +20,59 @@ using c10::Device;
 using c10::DeviceIndex;
 using c10::Stream;
 
+// Every Device-taking method checks the device type first.
+void check_type(const Device& device) {
+  if (!mutant::is("guard-accepts-other-device-types")) check_openreg_device(device, "device");
+}
+
+// Mutant elapsed-time-host-clock: when the host called record() on each event.
+std::mutex g_host_times_mutex;
+std::unordered_map<void*, std::chrono::steady_clock::time_point> g_host_times;
+
 struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 
   c10::DeviceType type() const override { return kType; }
 
   Device exchangeDevice(Device device) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
+    if (mutant::is("guard-redundant-switch")) OPENREG_CHECK(orSetDevice(current_device()));
     return Device(kType, exchange_device(device.index()));
   }
 
   Device getDevice() const override { return Device(kType, current_device()); }
 
   void setDevice(Device device) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     set_device(device.index());
   }
 
   // Guard destructors call this: it must never throw, so an invalid device
   // (which no guard could have produced) is ignored: the device stays.
   void uncheckedSetDevice(Device device) const noexcept override {
-    const auto count = device_count();
-    if (device.type() != kType || device.index() < 0 || device.index() >= count) {
-      return;
-    }
-    int current = -1;
-    if (orGetDevice(&current) == orSuccess && current != device.index()) {
-      orSetDevice(device.index());
-    }
+    if (mutant::is("unchecked-set-device-throws")) set_device(device.index());
+    if (mutant::is("guard-does-not-restore")) return;
+    if (device.type() == kType) unchecked_set_device(device.index());
   }
 
   Stream getStream(Device device) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     return current_stream(device.index());
   }
 
   Stream getDefaultStream(Device device) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     return default_stream(device.index());
   }
 
   Stream getStreamFromGlobalPool(Device device, bool isHighPriority) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     return stream_from_pool(device.index(),
                             isHighPriority ? kGreatestPriority : kLeastPriority);
   }
 
   Stream getNewStream(Device device, int priority) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     return stream_from_pool(device.index(), priority);
   }
 
@@ -77,7 +87,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   c10::DeviceCapability getDeviceCapability(Device device) const override {
-    check_openreg_device(device, "device");
+    check_type(device);
     resolve_device_index(device.index());
     // Tensors of every dtype can live on the device and convert, except the
     // quantized ones (the CPU fallback cannot rebuild quantizers).
@@ -95,12 +105,14 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
               const c10::EventFlag flag) const override {
     TORCH_CHECK(event != nullptr, "OpenReg: record: event slot is null");
     orStream_t native = native_stream(stream);
-    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+    const bool any_device = mutant::is("event-records-on-any-device");
+    TORCH_CHECK(any_device || device_index == -1 || device_index == stream.device_index(),
                 "OpenReg: an event of device ", static_cast<int>(device_index),
                 " cannot be recorded on a stream of device ",
                 static_cast<int>(stream.device_index()));
     TORCH_CHECK(flag != c10::EventFlag::INVALID, "OpenReg: record: invalid event flag");
     auto* handle = static_cast<orEvent_t>(*event);
+    if (handle && any_device) orEventDestroy(handle), handle = nullptr;  // made anew below
     if (!handle) {
       const unsigned flags = flag == c10::EventFlag::BACKEND_DEFAULT
           ? orEventDefault
@@ -119,16 +131,22 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
                   static_cast<int>(stream.device_index()));
     }
     OPENREG_CHECK(orEventRecord(handle, native));
+    if (mutant::is("elapsed-time-host-clock")) {
+      std::lock_guard<std::mutex> lock(g_host_times_mutex);
+      g_host_times[handle] = std::chrono::steady_clock::now();
+    }
   }
 
   void block(void* event, const Stream& stream) const override {
     if (!event) return;  // never recorded: nothing to wait for
+    if (mutant::is("stream-wait-is-noop")) return;
     OPENREG_CHECK(orStreamWaitEvent(native_stream(stream),
                                     static_cast<orEvent_t>(event)));
   }
 
   bool queryEvent(void* event) const override {
-    if (!event) return true;
+    if (!event) return !mutant::is("unrecorded-event-not-ready");
+    if (mutant::is("event-complete-before-work")) return true;
     const orError_t status = orEventQuery(static_cast<orEvent_t>(event));
     if (status == orErrorNotReady) return false;
     OPENREG_CHECK(status);
@@ -140,6 +158,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const Stream& stream) const override {
+    if (mutant::is("stream-query-always-true")) return true;
     const orError_t status = orStreamQuery(native_stream(stream));
     if (status == orErrorNotReady) return false;
     OPENREG_CHECK(status);
@@ -157,7 +176,8 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Waits for the device named, not the current one.
   void synchronizeDevice(const DeviceIndex device_index) const override {
-    const auto index = resolve_device_index(device_index, "device_index");
+    auto index = resolve_device_index(device_index, "device_index");
+    if (mutant::is("synchronize-current-device")) index = current_device();
     OPENREG_CHECK(orDeviceSynchronize(index));
   }
 
@@ -173,6 +193,10 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     float ms = 0;
     OPENREG_CHECK(orEventElapsedTime(&ms, static_cast<orEvent_t>(start),
                                      static_cast<orEvent_t>(end)));
+    if (mutant::is("elapsed-time-host-clock")) {
+      std::lock_guard<std::mutex> lock(g_host_times_mutex);
+      return std::chrono::duration<double, std::milli>(g_host_times[end] - g_host_times[start]).count();
+    }
     return ms;
   }
 };

@@ -6,6 +6,7 @@
 #include "DeviceManagement.h"
 #include "Exception.h"
 #include "Generator.h"
+#include "Mutants.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
@@ -16,6 +17,13 @@ namespace openreg {
 namespace {
 
 std::atomic<uint64_t> g_init_calls{0};
+
+// Whether `ptr` lies inside device memory of the runtime.
+bool device_owning(const void* ptr) {
+  orPointerAttributes attributes;
+  return orPointerGetAttributes(&attributes, ptr) == orSuccess &&
+      attributes.type == orMemoryTypeDevice;
+}
 
 struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   // Called once per process by at::globalContext().lazyInitDevice, before
@@ -29,13 +37,17 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool hasPrimaryContext(c10::DeviceIndex index) const override {
+    if (mutant::is("primary-context-always-true")) return true;
     return is_device_initialized(index);
   }
 
   bool isBuilt() const override { return true; }
 
   // Never throws and never initializes a device.
-  bool isAvailable() const override { return device_count() > 0; }
+  bool isAvailable() const override {
+    if (mutant::is("availability-initializes") && device_count() > 0) orDeviceInit(0);
+    return device_count() > 0;
+  }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
     return default_generator(index);
@@ -46,6 +58,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Device getDeviceFromPtr(void* data) const override {
+    if (mutant::is("device-from-ptr-is-current-device")) return at::Device(c10::DeviceType::PrivateUse1, current_device());
     orPointerAttributes attributes;
     OPENREG_CHECK(orPointerGetAttributes(&attributes, data));
     TORCH_CHECK(attributes.type == orMemoryTypeDevice, "OpenReg: pointer ", data,
@@ -58,6 +71,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool isPinnedPtr(const void* data) const override {
+    if (mutant::is("any-host-pointer-is-pinned")) return data != nullptr && !device_owning(data);
     return is_pinned_pointer(data);
   }
 
@@ -65,7 +79,9 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     return host_allocator();
   }
 
-  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  c10::DeviceIndex deviceCount() const override {
+    return device_count() + (mutant::is("hooks-count-disagrees") ? 1 : 0);
+  }
 
   void setCurrentDevice(c10::DeviceIndex index) const override {
     set_device(index);
@@ -74,6 +90,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
 
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
+    if (mutant::is("hooks-exchange-clamps") && index >= device_count()) index = device_count() - 1;
     return exchange_device(index);
   }
 
@@ -97,7 +114,9 @@ const bool g_registered = [] {
                "OpenReg's hooks are not installed");
     return false;
   }
-  at::RegisterPrivateUse1HooksInterface(new OpenRegHooks());
+  auto* hooks = new OpenRegHooks();
+  at::RegisterPrivateUse1HooksInterface(hooks);
+  if (mutant::is("init-at-import")) hooks->init();
   return true;
 }();
 

@@ -4,6 +4,7 @@
 #include "DeviceKernel.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
+#include "Mutants.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -21,7 +22,7 @@ namespace {
 constexpr auto kKey = c10::DispatchKey::PrivateUse1;
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
-  if (!device.has_value() || !device->has_index()) return current_device();
+  if (!device.has_value() || !device->has_index()) return mutant::is("no-index-means-device-0") ? 0 : current_device();
   check_openreg_device(*device, "device");
   check_device_index(device->index());
   return device->index();
@@ -54,7 +55,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided,
               "OpenReg: only strided tensors are supported, got layout ",
               *layout);
-  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_of(device)));
+  const c10::Device target(c10::DeviceType::PrivateUse1, device_of(device));
+  // Mutant cross-device-copy-lands-on-source: no guard, so the memory comes from the current device.
+  const c10::DeviceGuard guard(mutant::is("cross-device-copy-lands-on-source")
+                                   ? c10::Device(c10::DeviceType::PrivateUse1, current_device()) : target);
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(kKey),
                                            c10::dtype_or_default(dtype));
@@ -208,7 +212,8 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
     const c10::DeviceGuard guard(dst.device());
     target = at::empty(dst.sizes(), dst.options());
   }
-  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(), host.nbytes(),
+  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(),
+                              host.nbytes() - (mutant::is("h2d-drops-last-byte") ? 1 : 0),
                               orMemcpyHostToDevice, native));
   if (!target.is_same(dst)) copy_on_device(target, dst, stream);
   // Asynchronous only when the bytes are read straight from the caller's
@@ -275,7 +280,9 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "OpenReg: a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
-  copy_device_to_host(self.reshape({}), host, /*non_blocking=*/false);
+  const at::Tensor element = mutant::is("item-ignores-offset")
+      ? self.as_strided({}, {}, 0) : self.reshape({});
+  copy_device_to_host(element, host, /*non_blocking=*/false);
   return host.item();
 }
 
@@ -300,6 +307,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 }
 
 void record_stream_op(at::Tensor& self, c10::Stream stream) {
+  if (mutant::is("record-stream-ignored")) return;
   record_stream(self.storage().data_ptr(), stream);
 }
 

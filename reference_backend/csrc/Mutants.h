@@ -4,8 +4,10 @@
 // conformance/mutants.toml).
 //
 // A mutant is selected by the environment variable OPENREG_MUTANT, read once
-// when the library loads; no rebuild. With none selected (the normal case)
-// a check costs one load and one predictable branch.
+// when the library loads (before any other static initializer of the
+// library, so that registrations can be mutated too); no rebuild. With none
+// selected (the normal case) a check costs one load and one predictable
+// branch.
 #pragma once
 
 #include <cstring>
@@ -14,11 +16,11 @@
 
 namespace openreg::mutant {
 
-// The selected mutant's ID, or nullptr.
-extern const char* const selected;
+// The selected mutant's ID, or nullptr. Set once, when the library loads.
+extern const char* selected;
 
 inline bool is(const char* id) {
-  return selected != nullptr && std::strcmp(selected, id) == 0;
+  return __builtin_expect(selected != nullptr, 0) && std::strcmp(selected, id) == 0;
 }
 
 // The IDs of the mutants implemented in C++ (the Python package adds its own).

@@ -2,6 +2,7 @@
 
 #include "DeviceManagement.h"
 #include "Exception.h"
+#include "Mutants.h"
 
 #include <array>
 #include <atomic>
@@ -40,6 +41,10 @@ DevicePool& pool(c10::DeviceIndex index) {
 
 // Current stream id of each device, per thread; 0 (default) until set.
 std::vector<c10::StreamId>& current_ids() {
+  if (mutant::is("current-stream-process-wide")) {
+    static std::vector<c10::StreamId> shared(device_count(), 0);
+    return shared;
+  }
   thread_local std::vector<c10::StreamId> ids(device_count(), 0);
   return ids;
 }
@@ -80,7 +85,7 @@ c10::Stream default_stream(c10::DeviceIndex index) {
 c10::Stream stream_from_pool(c10::DeviceIndex index, int priority) {
   index = resolve_device_index(index);
   const int level = level_of(priority);
-  const uint32_t slot = pool(index).next[level]++ % kStreamsPerPriority;
+  const uint32_t slot = mutant::is("new-stream-always-same") ? 0 : pool(index).next[level]++ % kStreamsPerPriority;
   return make_stream(index, ((level + 1) << kSlotBits) | slot);
 }
 
@@ -95,14 +100,16 @@ c10::Stream exchange_stream(c10::Stream stream) {
   auto& ids = current_ids();
   const auto previous = make_stream(index, ids[index]);
   ids[index] = stream.id();
-  return previous;
+  if (mutant::is("exchange-stream-switches-device")) set_device(index);
+  return mutant::is("exchange-stream-returns-new") ? stream : previous;
 }
 
 orStream_t native_stream(const c10::Stream& stream) {
   check_openreg_device(stream.device(), "stream.device");
   const auto index = stream.device_index();
   check_device_index(index, "stream.device_index");
-  const c10::StreamId id = stream.id();
+  // Mutant default-stream-aliases-pool: the first pool stream runs on the default stream's queue.
+  const c10::StreamId id = mutant::is("default-stream-aliases-pool") && stream.id() == (1 << kSlotBits) ? 0 : stream.id();
   DevicePool& p = pool(index);
   if (id == 0) {
     std::call_once(p.default_once, [&] {

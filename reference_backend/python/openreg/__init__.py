@@ -131,6 +131,8 @@ def init() -> None:
 def is_available() -> bool:
     """Whether at least one OpenReg device exists. Never raises, never initializes."""
     try:
+        if _mutants.active("availability-initializes"):
+            _lazy_init()
         return _C._device_count() > 0
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return False
@@ -158,7 +160,7 @@ def _device_index(device: Any, *, optional: bool) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != _BACKEND_NAME:
+        if device.type != _BACKEND_NAME and not _mutants.active("module-accepts-other-device-type"):
             raise ValueError(
                 f"Expected an OpenReg device ({_BACKEND_NAME!r}), but got a "
                 f"{device.type!r} device"
@@ -204,7 +206,7 @@ def set_device(device: Any) -> None:
     index raises ValueError, as torch.accelerator.set_device_index does.
     """
     index = device if type(device) is int else _device_index(device, optional=False)
-    if index == -1:
+    if index == -1 and not _mutants.active("module-set-device-minus-one-raises"):
         return
     _lazy_init()
     _C._set_device(index)
@@ -241,6 +243,8 @@ class device:
         self.prev_idx = _exchange_device(self.idx)
 
     def __exit__(self, *exc_info: object) -> bool:
+        if exc_info[0] is not None and _mutants.active("device-context-leaks-on-exception"):
+            return False
         self.idx = _maybe_exchange_device(self.prev_idx)
         return False
 
@@ -267,6 +271,8 @@ def manual_seed(seed: int) -> None:
 def manual_seed_all(seed: int) -> None:
     """Seed the default generators of all devices (torch.manual_seed calls this)."""
     seed = int(seed)
+    if _mutants.active("manual-seed-not-reaching-device"):
+        return
     for generator in default_generators:
         generator.manual_seed(seed)
 
@@ -292,6 +298,8 @@ def initial_seed() -> int:
 
 def get_rng_state(device: Any = _BACKEND_NAME) -> torch.Tensor:
     """The state of `device`'s default generator (a CPU ByteTensor)."""
+    if _mutants.active("rng-state-ignores-device"):
+        device = None
     return _generator(device).get_state()
 
 
@@ -409,6 +417,23 @@ def _claim_privateuse1() -> tuple[torch.Generator, ...]:
 
 
 default_generators: tuple[torch.Generator, ...] = _claim_privateuse1()
+
+
+def _mutant_restore(storage: Any, location: str) -> Any:
+    """Mutants load-on-current-device and map-location-unchecked: a
+    deserializer of the backend's own, as vendors register, with a bug."""
+    if not location.startswith(_BACKEND_NAME):
+        return None
+    index = torch.device(location).index or 0
+    if _mutants.active("load-on-current-device"):
+        index = current_device()
+    if _mutants.active("map-location-unchecked") and index >= device_count():
+        index = 0
+    return storage.to(device=torch.device(_BACKEND_NAME, index))
+
+
+if _mutants.active("load-on-current-device") or _mutants.active("map-location-unchecked"):
+    torch.serialization.register_package(19, lambda storage: None, _mutant_restore)
 
 from . import _dynamo  # noqa: E402
 

@@ -13,6 +13,14 @@ SELECTED: str | None = os.environ.get("OPENREG_MUTANT") or None
 # The IDs of the mutants implemented in Python; kept in step with
 # conformance/mutants.toml by tests/test_mutants.py.
 KNOWN: frozenset[str] = frozenset({
+    "availability-initializes",  # (also in C++: the hooks' isAvailable)
+    "device-context-leaks-on-exception",
+    "load-on-current-device",
+    "manual-seed-not-reaching-device",
+    "map-location-unchecked",
+    "module-accepts-other-device-type",
+    "module-set-device-minus-one-raises",
+    "rng-state-ignores-device",
 })
 
 
