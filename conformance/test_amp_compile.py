@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._helpers import must
+from .test_streams import Load
 
 contract = pytest.mark.contract
 
@@ -158,13 +159,6 @@ def interface(dt):
             f"backend loads", pytrace=False)
 
 
-def queue_work(device: str) -> torch.Tensor:
-    x = torch.ones(1 << 20, device=device)
-    for _ in range(8):
-        x = x * 1.0001 + 0.5
-    return x
-
-
 @contract("DI-IFACE-001")
 def test_device_interface_agrees_with_the_module(dt, mod, n):
     from torch._dynamo.device_interface import DeviceGuard, DeviceInterface
@@ -212,11 +206,12 @@ def test_device_interface_agrees_with_the_module(dt, mod, n):
             assert isinstance(cls, type) and issubclass(cls, base), \
                 f"DeviceInterface.{name} must subclass torch.{name} for dynamo to capture it"
 
-    pending = queue_work(f"{dt}:{last}")
+    # Asynchronous work (device-to-device copies) long enough to be in flight.
+    load = Load(dt, last)
+    load.queue(load.units * 4)
     call("synchronize", last)
     assert torch.accelerator.current_stream(last).query(), \
         f"DeviceInterface.synchronize({last}) returned before device {last}'s work finished"
-    del pending
     assert mod.current_device() == 0, "DeviceInterface.synchronize changed the current device"
 
 

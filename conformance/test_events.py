@@ -101,10 +101,26 @@ def test_event_can_be_recorded_again(dt):
 # ---------------------------------------------------------------- unrecorded
 
 
+def pytest_generate_tests(metafunc):
+    """event_kind: torch.Event, and the device module's own Event class
+    (torch.<name>.Event, like torch.cuda.Event) if it has one (a backend
+    without one gets no such test, rather than a skip)."""
+    if "event_kind" not in metafunc.fixturenames:
+        return
+    session = metafunc.config.pluginmanager.get_plugin("privateuse1-conformance-session")
+    module = session.backend.device_module if session else None
+    kinds = ["torch.Event"] + (["module Event"] if callable(getattr(module, "Event", None)) else [])
+    metafunc.parametrize("event_kind", kinds)
+
+
 @contract("EV-UNREC-001")
 @pytest.mark.parametrize("enable_timing", [False, True], ids=["plain", "timing"])
-def test_unrecorded_event_is_complete_and_waits_for_nothing(dt, enable_timing):
-    event = new_event(dt, enable_timing=enable_timing)
+def test_unrecorded_event_is_complete_and_waits_for_nothing(dt, mod, event_kind, enable_timing):
+    if event_kind == "torch.Event":
+        event = new_event(dt, enable_timing=enable_timing)
+    else:  # the module's own class, on the current device
+        event = must(lambda: mod.Event(enable_timing=enable_timing),
+                     f"torch.{dt}.Event(enable_timing={enable_timing})")
     assert must(event.query, "Event.query() of an unrecorded event") is True, \
         "an event that was never recorded must report query() == True"
     must(event.synchronize, "Event.synchronize() of an unrecorded event")
@@ -169,6 +185,34 @@ def test_elapsed_time_measures_the_work(dt):
     assert best_elapsed >= 0.1 * shortest_wall, (
         f"Event.elapsed_time measured {best_elapsed:.3f} ms for work that kept the host waiting {shortest_wall:.3f} "
         "ms: events must be timestamped when the device reaches them, not when they are recorded by the host")
+
+
+@contract("EV-TIME-001")
+def test_elapsed_time_ignores_host_time_between_records(dt):
+    """Two events recorded back to back on a busy stream while the host pauses
+    between the two record() calls: nothing runs between them on the device,
+    so their elapsed time is about 0, however long the host paused. A backend
+    that timestamps record() calls on the host reports the pause instead.
+    Conclusive only when the stream was still busy after the second record."""
+    load = Load(dt, 0)
+    s = new_stream(dt, 0)
+    pause_ms = 20.0
+    for scale in SCALES[1:]:
+        start, end = new_event(dt, enable_timing=True), new_event(dt, enable_timing=True)
+        with s:
+            load.queue(load.units * scale)
+            start.record()
+            time.sleep(pause_ms / 1000.0)
+            end.record()
+        busy = not s.query()
+        must(end.synchronize, "Event.synchronize()")
+        elapsed = must(lambda: start.elapsed_time(end), "Event.elapsed_time(end) of two completed timing events")
+        if busy:
+            assert elapsed < pause_ms / 2, (
+                f"two events recorded back to back on a busy stream, with the host pausing {pause_ms:.0f} ms "
+                f"between the record() calls, are {elapsed:.3f} ms apart: elapsed_time must measure device "
+                "time (nothing ran between them), not the host time between the record() calls")
+            break
 
 
 @contract("EV-TIME-001")
@@ -242,6 +286,8 @@ def test_many_events_leak_nothing(dt, backend):
     torch.accelerator.synchronize(0)
     allocated = torch.accelerator.memory_allocated(0) if stats else 0
     threads = _os_threads()
+    live_events = backend.instrument("live_event_count")  # optional: events invisible to PyTorch
+    events_before = live_events() if live_events else 0
     for i in range(count):
         event = torch.Event(device=dt, enable_timing=i % 2 == 0)
         event.record(s if i % 3 else None)
@@ -258,6 +304,11 @@ def test_many_events_leak_nothing(dt, backend):
     if threads is not None:
         assert _os_threads() <= threads + 2, \
             f"creating and destroying {2 * count} events left {_os_threads() - threads} more OS threads running"
+    if live_events:
+        kept = live_events() - events_before
+        assert kept < count // 10, (
+            f"after creating and destroying {2 * count} events, the backend's runtime holds {kept} more events "
+            "(instrumentation live_event_count()): destroyEvent does not release them")
     start, end = new_event(dt, enable_timing=True), new_event(dt, enable_timing=True)
     must(lambda: start.record(s), "Event.record() after thousands of events")
     must(lambda: end.record(s), "Event.record() after thousands of events")

@@ -306,11 +306,17 @@ def test_fork_rng_restores_device_state(mod, dt, n, cxx):
     cases = [("devices=None", None, list(range(n))), (f"devices=[{n - 1}]", [n - 1], [n - 1])]
     if n > 1:
         cases.append((f"devices=range({n})", range(n), list(range(n))))
+    def seed_each() -> None:
+        # Different seeds per device: restoring one device's state into
+        # another (a get_rng_state that ignores its device) must show.
+        for i in range(n):
+            default_generator(cxx, i).manual_seed(21 + 1000 * i)
+
     for label, devices, forked in cases:
         mod.set_device(0)
-        torch.manual_seed(21)
+        seed_each()
         reference = {i: draw_all(f"{dt}:{i}") for i in forked}
-        torch.manual_seed(21)
+        seed_each()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # devices=None warns with several devices
             try:

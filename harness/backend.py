@@ -47,6 +47,7 @@ ENTRY_POINT_GROUP = "privateuse1_conformance.backends"
 INSTRUMENTATION = {
     "device_switch_count": "number of device switches the backend's runtime performed in this process",
     "init_count": "number of times the hooks' init() ran in this process",
+    "live_event_count": "number of events the backend's runtime holds (created and not yet destroyed)",
 }
 
 

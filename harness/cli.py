@@ -6,6 +6,8 @@
     privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
     privateuse1-conformance render REPORT.json [--report-dir D]
     privateuse1-conformance contracts [--level L] [--area A] [--format text|markdown|json]
+    privateuse1-conformance mutants [--jobs N] [--only ID ...] [--timeout S] [--output F]
+    privateuse1-conformance mutants --markdown KILL_MATRIX.json [--docs PAGE.md]
 
 `run` runs the installed suite with pytest in this process (which becomes
 the warm parent every test is forked from) and writes the reports.
@@ -14,7 +16,8 @@ Exit codes (docs/reports.md): run returns pytest's (0 all passed, 1 some
 test did not, 2 interrupted, 3 internal error, 4 usage error); verify 0
 verified, 1 not verified, 2 the file is not JSON; diff 0 no regression,
 1 regression; diff and render 2 when a report cannot be read or is not
-schema-valid.
+schema-valid; mutants 0 only when every mutant run was killed on target
+(docs/mutation-testing.md).
 """
 
 from __future__ import annotations
@@ -132,6 +135,24 @@ def _mutants(args: argparse.Namespace) -> int:
 
     contracts = registry_mod.load(registry_mod.default_path())
     registry = mutants_mod.load(args.registry or mutants_mod.default_path(), contracts)
+    if args.markdown:
+        try:
+            result = json.loads(Path(args.markdown).read_text())
+        except (OSError, ValueError) as e:
+            print(f"cannot read the kill matrix {args.markdown}: {e}", file=sys.stderr)
+            return 2
+        table = mutants_mod.render_table(registry, contracts, result)
+        if not args.docs:
+            sys.stdout.write(table)
+            return 0
+        page = Path(args.docs)
+        try:
+            page.write_text(mutants_mod.splice(page.read_text(), table))
+        except (OSError, ValueError) as e:
+            print(f"{args.docs}: {e}", file=sys.stderr)
+            return 2
+        print(f"{page}: table of {len(registry.mutants)} mutants regenerated")
+        return 0
     unknown = [m for m in args.only if m not in registry.mutants]
     if unknown:
         print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
@@ -249,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     mutants.add_argument("--only", nargs="*", default=[], metavar="ID", help="run just these mutants")
     mutants.add_argument("--timeout", type=float, default=30.0, help="seconds before a test counts as hung")
     mutants.add_argument("--output", default="mutants.json", help="where to write the kill matrix (JSON)")
+    mutants.add_argument("--markdown", metavar="KILL_MATRIX",
+                         help="run nothing: print the docs' table of mutants, generated from the registry "
+                              "and this kill matrix (a JSON written by --output)")
+    mutants.add_argument("--docs", metavar="PAGE",
+                         help="with --markdown: rewrite the generated block of this page (docs/mutation-testing.md)")
     mutants.add_argument("--registry", help=argparse.SUPPRESS)
     mutants.set_defaults(handler=_mutants)
     return parser

@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import select
 import signal
 import struct
@@ -29,7 +30,11 @@ from _pytest.runner import call_and_report
 # Attached to synthesized reports so the plugin can tell them apart.
 CRASH = "crash"
 HANG = "hang"
-OUTPUT_TAIL = 4000  # characters of the child's output kept for crash reports
+OUTPUT_TAIL = 8000  # characters of the child's output kept for crash reports
+# faulthandler ends its dump with every loaded extension module, a line that
+# grows with the environment (numpy, scipy, ...) and would push the traceback
+# out of the kept tail; it says nothing about the crash, so it is shortened.
+_EXTENSION_LIST = re.compile(r"^(Extension modules: ).*?(\(total: \d+\))?$", re.MULTILINE)
 
 
 def _send(fd: int, payload: dict) -> None:
@@ -91,10 +96,12 @@ def _tail(path: str) -> str:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - OUTPUT_TAIL))
-            return f.read().decode(errors="replace")
+            f.seek(max(0, size - 4 * OUTPUT_TAIL))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
+    text = _EXTENSION_LIST.sub(lambda m: m.group(1) + "[list omitted] " + (m.group(2) or ""), text)
+    return text[-OUTPUT_TAIL:]
 
 
 def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float) -> pytest.TestReport:

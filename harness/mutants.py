@@ -14,6 +14,9 @@ contract IDs it violates. For each mutant:
 Before any mutant, the same tests run once without a mutant and must all
 pass: a check that already fails would otherwise "kill" every mutant.
 The score is killed / total.
+
+docs/mutation-testing.md's table of mutants is generated from the registry
+and a recorded kill matrix (render_table / splice; the CLI's --markdown).
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float) -> Outc
 
 def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout: float,
             progress=print) -> dict:
+    start = time.monotonic()
     selected = [registry.mutants[m] for m in only] if only else list(registry.mutants.values())
     problems = check_baseline(registry, timeout)
     if problems:
@@ -179,10 +183,12 @@ def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout
     killed = sum(o.status == "killed" for o in outcomes)
     return {
         "backend": registry.backend,
-        "registry": str(registry.path),
+        "registry": registry.path.name,
         "total": len(outcomes),
         "killed": killed,
         "score": round(killed / len(outcomes), 4) if outcomes else None,
+        "jobs": jobs,
+        "seconds": round(time.monotonic() - start, 1),
         "baseline_problems": [],
         "outcomes": [asdict(o) for o in outcomes],
     }
@@ -202,3 +208,73 @@ def format_matrix(result: dict) -> str:
     lines.append(f"score: {result['killed']}/{result['total']} killed on target"
                  + (f" ({result['score']:.0%})" if result["score"] is not None else ""))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ docs
+
+TABLE_BEGIN = ("<!-- mutants:begin - generated from conformance/mutants.toml and "
+               "docs/mutation-kill-matrix.json by `privateuse1-conformance mutants --markdown "
+               "docs/mutation-kill-matrix.json --docs docs/mutation-testing.md`; do not edit -->")
+TABLE_END = "<!-- mutants:end -->"
+
+
+def _checks(outcome: dict) -> str:
+    """The tests that killed a mutant, parametrized cases folded together
+    (C++ cases are named one by one: each is its own GoogleTest case)."""
+    groups: dict[str, list[str]] = {}
+    for nodeid in outcome.get("killing_tests", []):
+        head, _, case = nodeid.partition("[")  # parameters may contain '::'
+        path, _, function = head.rpartition("::")
+        if function == "test_cxx" and case:
+            groups.setdefault(f"C++ {case.rstrip(']')}", [])
+            continue
+        groups.setdefault(f"{path.rpartition('/')[2]}::{function}", []).append(case)
+    parts = []
+    for name, cases in groups.items():
+        cases = [c for c in cases if c]
+        parts.append(f"`{name}`" + (f" ({len(cases)} case{'s' if len(cases) > 1 else ''})" if cases else ""))
+    return "<br>".join(parts) or "-"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, result: dict) -> str:
+    """The generated block of docs/mutation-testing.md: every mutant of the
+    registry (in registry order), its area and contracts, and the checks of
+    the recorded kill matrix `result` that killed it."""
+    outcomes = {o["mutant"]: o for o in result.get("outcomes", [])}
+    killed = sum(outcomes.get(m, {}).get("status") == "killed" for m in registry.mutants)
+    lines = [TABLE_BEGIN, ""]
+    run = f"{result.get('seconds')} s with `--jobs {result.get('jobs')}`" if result.get("seconds") else "time not recorded"
+    lines.append(f"Recorded run: **{killed}/{len(registry.mutants)} mutants killed on target** ({run}).")
+    lines += ["", "| mutant | area | violates | the fault | killed by |", "|---|---|---|---|---|"]
+    for mutant in registry.mutants.values():
+        outcome = outcomes.get(mutant.id)
+        area = contracts.contracts[mutant.contracts[0]].area
+        violates = ", ".join(f"`{c}`" for c in mutant.contracts)
+        if outcome is None:
+            caught = "**not run**"
+        elif outcome["status"] != "killed":
+            caught = f"**{outcome['status']}**"
+        else:
+            caught = _checks(outcome)
+        lines.append(f"| `{mutant.id}` | {area} | {violates} | {_cell(mutant.description)} | {caught} |")
+    lines += ["", TABLE_END]
+    return "\n".join(lines) + "\n"
+
+
+def splice(page: str, table: str) -> str:
+    """`page` with its generated block replaced by `table`."""
+    begin, end = page.find(TABLE_BEGIN), page.find(TABLE_END)
+    if begin < 0 or end < begin:
+        raise ValueError("the page has no generated mutants block (markers "
+                         f"{TABLE_BEGIN[:20]}... and {TABLE_END})")
+    return page[:begin] + table + page[end + len(TABLE_END) + 1:]
+
+
+def generated_block(page: str) -> str:
+    """The generated block of `page`, markers included ('' if none)."""
+    begin, end = page.find(TABLE_BEGIN), page.find(TABLE_END)
+    return page[begin:end + len(TABLE_END) + 1] if 0 <= begin < end else ""

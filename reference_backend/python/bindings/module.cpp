@@ -94,6 +94,7 @@ py::dict runtime_counters() {
   d["mallocs"] = counters.mallocs;
   d["frees"] = counters.frees;
   d["kernels_launched"] = counters.kernels_launched;
+  d["live_events"] = counters.live_events;
   d["hooks_init_calls"] = openreg::hooks_init_calls();
   return d;
 }

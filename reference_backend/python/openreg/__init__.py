@@ -252,7 +252,10 @@ class device:
 def synchronize(device: Any = None) -> None:
     """Wait for all work on all streams of `device` (default: current device)."""
     _lazy_init()
-    _C._synchronize(_device_index(device, optional=True))
+    index = _device_index(device, optional=True)
+    if _mutants.active("synchronize-ignores-bad-index") and not 0 <= index < device_count():
+        index = -1  # "the current device"
+    _C._synchronize(index)
 
 
 # ------------------------------------------------------------------ random

@@ -24,6 +24,7 @@ def _register() -> None:
     from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
 
     import openreg
+    from openreg import _mutants
 
     class OpenRegInterface(DeviceInterface):
         device = openreg.device
@@ -46,6 +47,8 @@ def _register() -> None:
         current_stream = staticmethod(openreg.current_stream)
         set_stream = staticmethod(openreg.set_stream)
         synchronize = staticmethod(openreg.synchronize)
+        if _mutants.active("dynamo-synchronize-is-noop"):
+            synchronize = staticmethod(lambda device=None: None)
         memory_allocated = staticmethod(openreg.memory_allocated)
 
         @staticmethod

@@ -15,12 +15,15 @@ SELECTED: str | None = os.environ.get("OPENREG_MUTANT") or None
 KNOWN: frozenset[str] = frozenset({
     "availability-initializes",  # (also in C++: the hooks' isAvailable)
     "device-context-leaks-on-exception",
+    "dynamo-synchronize-is-noop",
     "load-on-current-device",
     "manual-seed-not-reaching-device",
     "map-location-unchecked",
     "module-accepts-other-device-type",
     "module-set-device-minus-one-raises",
     "rng-state-ignores-device",
+    "synchronize-ignores-bad-index",
+    "unrecorded-event-not-ready",
 })
 
 

@@ -21,6 +21,13 @@ def device_switch_count() -> int:
     return int(_C._runtime_counters()["set_device_calls"])
 
 
+def live_event_count() -> int:
+    """Events the runtime holds (created and not yet destroyed)."""
+    from . import _C
+
+    return int(_C._runtime_counters()["live_events"])
+
+
 def init_count() -> int:
     """How many times PyTorch ran the hooks' init() in this process."""
     from . import _C

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, _mutants
 
 __all__ = [
     "Event",
@@ -105,6 +105,10 @@ class Event(torch.Event):
                 f"OpenReg: an event of device {self._openreg_index} cannot be recorded on a "
                 f"stream of device {stream.device_index}")
         super().record(stream)
+
+    if _mutants.active("unrecorded-event-not-ready"):
+        def query(self) -> bool:  # asks the runtime even when no event exists yet
+            return bool(self.event_id) and super().query()
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds between this event and `end_event` (both recorded

@@ -348,6 +348,7 @@ orError_t orGetDebugCounters(orDebugCounters* counters) {
   counters->mallocs = g_mallocs.load();
   counters->frees = g_frees.load();
   counters->kernels_launched = g_kernels.load();
+  counters->live_events = live_event_count();
   return orSuccess;
 }
 

@@ -167,6 +167,9 @@ orStream* new_stream(int device, int priority, bool is_default);
 // Resolves nullptr to the current device's default stream and validates.
 orError_t resolve_stream(const char* call, orStream_t stream, orStream** out);
 
+// Events created and not yet destroyed.
+uint64_t live_event_count();
+
 extern std::atomic<uint64_t> g_set_device_calls;
 extern std::atomic<uint64_t> g_device_inits;
 extern std::atomic<uint64_t> g_mallocs;

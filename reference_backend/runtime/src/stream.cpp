@@ -30,6 +30,16 @@ Registry& registry() {
   return *r;
 }
 
+}  // namespace
+
+uint64_t live_event_count() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.events.size();
+}
+
+namespace {
+
 bool live(const orStream* s) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

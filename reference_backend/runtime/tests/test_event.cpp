@@ -113,6 +113,22 @@ TEST_F(EventTest, DestroyingAnEventWithPendingWorkIsFine) {
   EXPECT_OK(orStreamDestroy(stream));
 }
 
+
+TEST_F(EventTest, DebugCountersCountLiveEvents) {
+  auto live = [] {
+    orDebugCounters counters{};
+    EXPECT_OK(orGetDebugCounters(&counters));
+    return counters.live_events;
+  };
+  const uint64_t before = live();
+  orEvent_t a = NewEvent();
+  orEvent_t b = NewEvent(orEventDisableTiming);
+  EXPECT_EQ(live(), before + 2);
+  ASSERT_OK(orEventDestroy(a));
+  EXPECT_EQ(live(), before + 1);
+  ASSERT_OK(orEventDestroy(b));
+  EXPECT_EQ(live(), before);
+}
 TEST_F(EventTest, DestroyedEventsAreRejectedByEveryEventCall) {
   // The live event first: a new event may reuse a destroyed one's address.
   orEvent_t live = NewEvent();

@@ -185,6 +185,7 @@ typedef struct orDebugCounters {
   uint64_t mallocs;              // successful orMalloc calls (size > 0)
   uint64_t frees;                // successful orFree calls (non-null)
   uint64_t kernels_launched;
+  uint64_t live_events;          // events created and not yet destroyed
 } orDebugCounters;
 OR_API orError_t orGetDebugCounters(orDebugCounters* counters);
 
