@@ -96,7 +96,7 @@ def _tail(path: str) -> str:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - 4 * OUTPUT_TAIL))
+            f.seek(max(0, size - 64 * OUTPUT_TAIL))  # room for a shortened module list
             text = f.read().decode(errors="replace")
     except OSError:
         return ""

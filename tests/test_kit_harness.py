@@ -231,3 +231,18 @@ def test_level_reached():
     untested = _result("C2", "core", [])
     assert model.level_reached([core_ok, untested, std_ok], optional) is None
     assert [r.contract.id for r in model.blocking_contracts([core_ok, untested], optional, "core")] == ["C2"]
+
+
+def test_crash_output_tail_keeps_the_traceback_not_the_extension_list(tmp_path):
+    """faulthandler ends its dump with every loaded extension module; in a
+    rich environment that line alone can fill the kept tail."""
+    from privateuse1_conformance.harness import isolation
+
+    modules = ", ".join(f"package{i}._speedups" for i in range(2000))
+    output = tmp_path / "child.out"
+    output.write_text("Fatal Python error: Segmentation fault\n\nCurrent thread:\n"
+                      '  File "conformance/test_hooks.py", line 12 in test_crash\n\n'
+                      f"Extension modules: {modules} (total: 2000)\n")
+    tail = isolation._tail(str(output))
+    assert tail.startswith("Fatal Python error") and "test_crash" in tail
+    assert "Extension modules: [list omitted] (total: 2000)" in tail
