@@ -31,13 +31,14 @@ def assert_current(mod, cxx, expected: int, after: str) -> None:
 
 @contract("DM-NAME-001")
 @pytest.mark.zero_devices_ok
-def test_backend_name_is_the_device_type(dt):
+def test_backend_name_is_the_device_type(dt, n):
     name = torch._C._get_privateuse1_backend_name()
     assert name != "privateuseone", "PrivateUse1 was never renamed (torch.utils.rename_privateuse1_backend)"
     assert name == dt
     assert torch.device(f"{dt}:0").type == dt
     assert torch.device(dt).type == dt and torch.device(dt).index is None
-    assert torch.empty(0, device=f"{dt}:0").device.type == dt, "a tensor on the device reports another type"
+    if n:  # a tensor needs a device
+        assert torch.empty(0, device=f"{dt}:0").device.type == dt, "a tensor on the device reports another type"
 
 
 @contract("DM-NAME-002")

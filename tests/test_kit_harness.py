@@ -246,3 +246,16 @@ def test_crash_output_tail_keeps_the_traceback_not_the_extension_list(tmp_path):
     tail = isolation._tail(str(output))
     assert tail.startswith("Fatal Python error") and "test_crash" in tail
     assert "Extension modules: [list omitted] (total: 2000)" in tail
+
+
+def test_guard_contracts_with_more_devices_than_the_cases_loop_over(tmp_path):
+    """The C++ guard cases loop over at most 4 devices but single the last
+    one out: with 6 devices they must still track it (a suite bug once
+    indexed past the streams it had recorded)."""
+    from kit_support import run_suite
+
+    registry = registry_mod.load(registry_mod.default_path())
+    guard = sorted(c.id for c in registry.active() if c.area == "guard")
+    run = run_suite("openreg", tmp_path, f"--contract={','.join(guard)}", env={"OPENREG_DEVICE_COUNT": "6"})
+    verdicts = {c: v for c, v in run.verdicts().items() if c in guard}
+    assert set(verdicts.values()) == {"pass"}, {c: v for c, v in verdicts.items() if v != "pass"}

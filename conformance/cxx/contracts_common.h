@@ -47,9 +47,16 @@ inline c10::Device dev(int index) {
 
 inline int count() { return static_cast<int>(impl().deviceCount()); }
 
-// At most this many devices take part in the loops over devices (keeps the
-// cases fast on backends with many devices).
-inline int devices_used() { return std::min(count(), 4); }
+// The devices the cases loop over and whose streams they track: every device
+// up to 4, else the first three and the last (cases single the last device
+// out, so it must always be tracked). Keeps cases fast with many devices.
+inline std::vector<int> devices_used() {
+  const int n = count();
+  std::vector<int> used;
+  for (int i = 0; i < std::min(n, 3); ++i) used.push_back(i);
+  if (n > 3) used.push_back(n - 1);
+  return used;
+}
 
 inline std::string str(const c10::Device& d) { return d.str(); }
 
@@ -151,17 +158,34 @@ inline c10::Stream other_stream(int index, std::optional<c10::Stream> avoid = st
                            " other than its current stream, which the guard checks need (" + why + ")");
 }
 
-// The current stream of each device used.
-inline std::vector<c10::Stream> current_streams() {
-  std::vector<c10::Stream> streams;
-  for (int i = 0; i < devices_used(); ++i) streams.push_back(impl().getStream(dev(i)));
+// The current stream of each device used, by device index.
+class StreamSnapshot {
+ public:
+  void add(int device, const c10::Stream& stream) { streams_.emplace_back(device, stream); }
+  const c10::Stream& operator[](int device) const {
+    for (const auto& [index, stream] : streams_) {
+      if (index == device) return stream;
+    }
+    throw std::logic_error("suite bug: the stream of device " + std::to_string(device) +
+                           " was not recorded (devices_used() does not include it)");
+  }
+  auto begin() const { return streams_.begin(); }
+  auto end() const { return streams_.end(); }
+
+ private:
+  std::vector<std::pair<int, c10::Stream>> streams_;
+};
+
+inline StreamSnapshot current_streams() {
+  StreamSnapshot streams;
+  for (int i : devices_used()) streams.add(i, impl().getStream(dev(i)));
   return streams;
 }
 
 // Whether every device's current stream is still what `expected` recorded.
-inline ::testing::AssertionResult StreamsAre(const std::vector<c10::Stream>& expected) {
-  for (size_t i = 0; i < expected.size(); ++i) {
-    auto result = StreamIs(static_cast<int>(i), expected[i]);
+inline ::testing::AssertionResult StreamsAre(const StreamSnapshot& expected) {
+  for (const auto& [device, stream] : expected) {
+    auto result = StreamIs(device, stream);
     if (!result) return result;
   }
   return ::testing::AssertionSuccess();
@@ -170,8 +194,8 @@ inline ::testing::AssertionResult StreamsAre(const std::vector<c10::Stream>& exp
 // Makes a non-default stream current on every device used and returns the
 // current streams, so that "restored" cannot be confused with "reset to the
 // default stream".
-inline std::vector<c10::Stream> make_non_default_streams_current() {
-  for (int i = 0; i < devices_used(); ++i) impl().exchangeStream(other_stream(i));
+inline StreamSnapshot make_non_default_streams_current() {
+  for (int i : devices_used()) impl().exchangeStream(other_stream(i));
   return current_streams();
 }
 

@@ -29,9 +29,9 @@ struct Escape : std::runtime_error {
 
 TEST_F(GD_DEV_001, SwitchesOnConstructionRestoresOnDestruction) {
   PU1C_REQUIRE_DEVICES(2);
-  const int n = devices_used();
-  for (int origin = 0; origin < n; ++origin) {
-    for (int target = 0; target < n; ++target) {
+  const auto used = devices_used();
+  for (int origin : used) {
+    for (int target : used) {
       impl().setDevice(dev(origin));
       ASSERT_TRUE(CurrentIs(origin)) << "after setDevice(" << dev(origin) << ")";
       {
@@ -123,10 +123,10 @@ TEST_F(GD_DEV_001, SetIndexAndResetDeviceMoveTheGuardAndRestoreTheOriginal) {
 
 TEST_F(GD_DEV_001, NestedGuardsRestoreInLifoOrder) {
   PU1C_REQUIRE_DEVICES(2);
-  const int n = devices_used();
-  // 0 -> 1 -> 0 -> 1 (-> 2 -> 3 with more devices), then unwinding in reverse.
-  std::vector<int> path = {1 % n, 0, 1 % n};
-  for (int i = 2; i < n; ++i) path.push_back(i);
+  const auto used = devices_used();
+  // 0 -> 1 -> 0 -> 1 (-> 2 -> last with more devices), then unwinding in reverse.
+  std::vector<int> path = {used[1], 0, used[1]};
+  for (size_t i = 2; i < used.size(); ++i) path.push_back(used[i]);
   impl().setDevice(dev(0));
   std::function<void(size_t)> enter = [&](size_t depth) {
     if (depth == path.size()) return;
@@ -291,7 +291,7 @@ void expect_rejected(const std::string& call, const std::string& type, Bad&& bad
   EXPECT_TRUE(StreamsAre(streams)) << "after " << call << " (rejected or not)";
   // Undo whatever a failing method changed, so that the next check starts clean.
   impl().setDevice(dev(before));
-  for (const auto& stream : streams) impl().exchangeStream(stream);
+  for (const auto& [device, stream] : streams) impl().exchangeStream(stream);
 }
 
 std::vector<c10::Device> foreign_devices() {
@@ -405,9 +405,11 @@ TEST_F(GD_DEV_005, NeverThrowsForAnotherDeviceTypeAndChangesNothing) {
 // Guards restore devices with uncheckedSetDevice: one that does nothing
 // would pass the cases above. (With one device there is nothing to see.)
 TEST_F(GD_DEV_005, SwitchesForAValidIndex) {
-  const int n = devices_used();
+  PU1C_REQUIRE_DEVICES(1);
+  const auto used = devices_used();
+  const int last = used.back();
   impl().setDevice(dev(0));
-  for (int i : std::vector<int>{n - 1, 0, 1 % n, n - 1}) {
+  for (int i : std::vector<int>{last, 0, used[1 % used.size()], last}) {
     impl().uncheckedSetDevice(dev(i));
     EXPECT_TRUE(CurrentIs(i)) << "uncheckedSetDevice(" << dev(i)
                               << ") did not switch: guards restore devices with it";

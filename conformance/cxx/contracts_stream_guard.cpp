@@ -186,7 +186,7 @@ TEST_F(GD_STR_002, ChangesOnlyThatDevicesStreamAndReturnsThePreviousOne) {
     EXPECT_TRUE(CurrentIs(current)) << "after " << call << ": exchangeStream must not change "
                                     << "the current device";
     EXPECT_TRUE(StreamIs(target, stream)) << "after " << call;
-    for (int i = 0; i < devices_used(); ++i) {
+    for (int i : devices_used()) {
       if (i != target) {
         EXPECT_TRUE(StreamIs(i, before[i]))
             << "after " << call << ": the current stream of another device changed";
@@ -207,12 +207,13 @@ TEST_F(GD_STR_002, ChangesOnlyThatDevicesStreamAndReturnsThePreviousOne) {
 
 TEST_F(GD_MULTI_001, SetsEachDevicesStreamKeepsTheDeviceRestoresAll) {
   PU1C_REQUIRE_DEVICES(2);
-  const int n = devices_used();
-  for (int current : {0, n - 1}) {
+  const auto used = devices_used();
+  const size_t n = used.size();
+  for (int current : {0, used.back()}) {
     impl().setDevice(dev(current));
     const auto before = make_non_default_streams_current();
     std::vector<c10::Stream> streams;
-    for (int i = n - 1; i >= 0; --i) streams.push_back(other_stream(i));  // not in device order
+    for (auto i = used.rbegin(); i != used.rend(); ++i) streams.push_back(other_stream(*i));  // not in device order
     {
       c10::MultiStreamGuard guard(streams);
       EXPECT_TRUE(CurrentIs(current)) << "inside a MultiStreamGuard over " << n
