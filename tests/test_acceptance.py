@@ -120,3 +120,20 @@ def test_host_read_of_device_memory_kills_the_process():
     assert "allocated" in out, f"allocation failed\n{err}"
     assert "SURVIVED" not in out, f"the host read of device memory succeeded: {out}"
     assert rc == -signal.SIGSEGV, f"expected death by SIGSEGV (rc -11), got rc {rc}\n{err[-2000:]}"
+
+
+@pytest.mark.parametrize("dynamo_first", [False, True], ids=["openreg-first", "dynamo-first"])
+def test_dynamo_device_interface_registered_in_either_import_order(dynamo_first):
+    """The dynamo DeviceInterface is registered when torch._dynamo is imported
+    after openreg (a post-import hook) and when it was imported before (at
+    once, which must happen after the module's whole API exists)."""
+    imports = "import torch._dynamo, openreg" if dynamo_first else "import openreg, torch._dynamo"
+    rc, out, err = run_python(f"""
+        import torch
+        {imports}
+        from torch._dynamo.device_interface import get_interface_for_device
+        interface = get_interface_for_device("openreg")
+        print(interface.Event is openreg.Event, interface.device_count() == openreg.device_count())
+    """, prelude=False)
+    assert rc == 0, err[-3000:]
+    assert out.split() == ["True", "True"], out

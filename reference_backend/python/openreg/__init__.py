@@ -438,10 +438,6 @@ def _mutant_restore(storage: Any, location: str) -> Any:
 if _mutants.active("load-on-current-device") or _mutants.active("map-location-unchecked"):
     torch.serialization.register_package(19, lambda storage: None, _mutant_restore)
 
-from . import _dynamo  # noqa: E402
-
-_dynamo.install()
-
 from .streams import (  # noqa: E402 - after the device type exists
     Event,
     Stream,
@@ -451,3 +447,8 @@ from .streams import (  # noqa: E402 - after the device type exists
     set_stream,
     stream,
 )
+from . import _dynamo  # noqa: E402
+
+# Last: if torch._dynamo is already imported, this registers the dynamo
+# DeviceInterface at once, and it reads the module's full API.
+_dynamo.install()
