@@ -21,23 +21,31 @@ REPO = HERE.parent
 CXX_BENCH = REPO / "build" / "cmake" / "benchmarks" / "cxx" / "openreg_bench_device"
 
 
-def cxx_device_management() -> list[dict]:
+def cxx_benchmarks() -> tuple[list[dict], list[dict]]:
+    """(device management rows, allocator rows) from the Google Benchmark binary."""
     if not CXX_BENCH.exists():
-        return [{"name": "C++ benchmarks not built (install libbenchmark-dev, then make build)"}]
+        missing = [{"name": "C++ benchmarks not built (install libbenchmark-dev, then make build)"}]
+        return missing, missing
     out = subprocess.run([str(CXX_BENCH), "--benchmark_format=json", "--benchmark_min_time=0.3"],
                          capture_output=True, text=True, check=True).stdout
     times = {b["name"]: b["real_time"] for b in json.loads(out)["benchmarks"]}
     tls = times["BM_ThreadLocalReadWrite"]
     floor = times["BM_DeviceGuardNoOpImpl"]
-    rows = []
+    device, allocator = [], []
     for name, ns in times.items():
+        base, _, size = name.partition("/")
+        if size:  # allocator pairs, per size: against malloc/free of that size
+            allocator.append({"name": name, "bytes": int(size), "ns": round(ns, 1),
+                              "pairs_per_s": round(1e9 / ns),
+                              "ratio_to_malloc": round(ns / times[f"BM_HostMallocFree/{size}"], 2)})
+            continue
         row = {"name": name, "ns": round(ns, 2), "ratio_to_tls": round(ns / tls, 1)}
         if name.startswith("BM_DeviceGuard"):
             row["ratio_to_noop_guard"] = round(ns / floor, 2)
         if name == "BM_DeviceGuardSameDevice":
             row["target_ratio_to_tls"] = 3.0
-        rows.append(row)
-    return rows
+        device.append(row)
+    return device, allocator
 
 
 def main() -> int:
@@ -50,7 +58,7 @@ def main() -> int:
 
     results = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "cpus": __import__("os").cpu_count()}}
-    results["device_management_cxx"] = cxx_device_management()
+    results["device_management_cxx"], results["allocator_cxx"] = cxx_benchmarks()
     results.update(bench_backend.run())
     suite_args = [sys.executable, str(HERE / "bench_suite.py"), "--output", str(HERE / "results-suite.json")]
     if args.quick:
@@ -91,6 +99,10 @@ def print_table(results: dict) -> None:
         if r.get("target_ratio"):
             line(f"{r['name']} vs memcpy", f"x{r['ratio_to_memcpy']}", f">= x{r['target_ratio']}",
                  r["ratio_to_memcpy"] >= r["target_ratio"])
+    for r in results["allocator_cxx"]:
+        if "ns" in r and not r["name"].startswith("BM_HostMallocFree"):
+            line(f"{r['name']} (C++, allocate+free) vs malloc/free", f"{r['ns']} ns x{r['ratio_to_malloc']}",
+                 "(no target)", None)
     suite = results["suite"]
     for s in suite["suite"]:
         line(f"whole suite, {s['devices']} device(s)", f"{s['wall_s']} s", "< 60 s", s["wall_s"] < 60)

@@ -120,12 +120,35 @@ def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration:
     )
 
 
+# Children that reported everything and were still exiting: pid -> test.
+_EXITING: dict[int, str] = {}
+
+
+def reap_exited(block: bool = False) -> None:
+    """Collect children that finished reporting (blocking: wait for all).
+    One killed by a signal after reporting (a backend thread crashing
+    during exit) is noted on stderr: its test's verdict was already given."""
+    for pid, nodeid in list(_EXITING.items()):
+        try:
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if not done:
+            continue
+        del _EXITING[pid]
+        if os.WIFSIGNALED(status):
+            print(f"conformance harness: the process of {nodeid} was killed by "
+                  f"{_signal_name(os.WTERMSIG(status))} while exiting, after it had reported",
+                  file=sys.__stderr__)
+
+
 def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     """Run `item` in a forked child; return its reports (synthesized on crash/hang)."""
     config = item.config
     read_fd, write_fd = os.pipe()
     output = tempfile.NamedTemporaryFile(prefix="conformance-child-", suffix=".log", delete=False)
     output.close()
+    reap_exited()
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # ------------------------------------------------ child
@@ -134,6 +157,13 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             os.setpgid(0, 0)  # a hang kill takes the child's own children too
             _redirect_output(config, output.name, timeout)
             _run_child(item, write_fd)
+            # Everything is reported: flush what the test printed and say so
+            # by closing the pipe now. The parent goes on while this process
+            # exits, which costs as much as the fork (its whole address
+            # space is torn down before its files are closed).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.close(write_fd)
         finally:
             os._exit(0)
     # ----------------------------------------------------------- parent
@@ -174,12 +204,20 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    _, status = os.waitpid(pid, 0)
+    phases_done = {r.when for r in reports}
+    if not timed_out and harness_error is None and "teardown" in phases_done:
+        # The child reported all three phases and closed the pipe: nothing
+        # but its exit is left. Reap it later rather than wait for it.
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            _EXITING[pid] = item.nodeid
+            status = 0
+    else:
+        _, status = os.waitpid(pid, 0)
     duration = time.monotonic() - started
     tail = _tail(output.name)
     os.unlink(output.name)
 
-    phases_done = {r.when for r in reports}
     when = "setup" if "setup" not in phases_done else ("call" if "call" not in phases_done else "teardown")
     if harness_error:
         raise RuntimeError(f"conformance harness failed in the test child:\n{harness_error}")

@@ -299,6 +299,7 @@ class ConformanceSession:
         self.recorder.add(report)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        isolation.reap_exited(block=True)
         self.recorder.finish(exitstatus, self._start, time.time() - self._start)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
