@@ -401,6 +401,36 @@ TEST_F(MemcpyTest, CopiesToAnyDeviceRegardlessOfTheCurrentOne) {
   EXPECT_EQ(CurrentDevice(), 0);
 }
 
+// Large copies take a different instruction sequence depending on how the
+// two addresses sit relative to each other modulo 4 KiB (memory.cpp,
+// copy_bytes): every byte must arrive whichever one is taken, and an
+// overlapping copy must behave like memmove.
+TEST_F(MemcpyTest, LargeCopiesAtEveryRelativeAlignmentKeepEveryByte) {
+  const size_t size = (size_t{16} << 20) + 4099;
+  DeviceBuffer buffer(size + 4096);
+  const std::vector<unsigned char> sent = Pattern(size, 9);
+  std::vector<unsigned char> host(size + 4096, 0);
+  for (size_t skew : {size_t{0}, size_t{16}, size_t{64}, size_t{192}, size_t{1024}, size_t{2048}}) {
+    ASSERT_OK(orMemcpy(buffer.get(), sent.data(), size, orMemcpyHostToDevice));
+    // Destination `skew` bytes past the (page-aligned) device source.
+    const auto base = reinterpret_cast<uintptr_t>(host.data());
+    unsigned char* dst = host.data() + ((4096 - base % 4096) + skew) % 4096;
+    std::fill_n(dst, size, 0);
+    ASSERT_OK(orMemcpy(dst, buffer.get(), size, orMemcpyDeviceToHost));
+    EXPECT_TRUE(std::equal(sent.begin(), sent.end(), dst)) << "device to host, skew " << skew;
+    std::vector<unsigned char> back(size, 0);
+    ASSERT_OK(orMemcpy(buffer.get() + skew, dst, size, orMemcpyHostToDevice));
+    ASSERT_OK(orMemcpy(back.data(), buffer.get() + skew, size, orMemcpyDeviceToHost));
+    EXPECT_EQ(back, sent) << "host to device, skew " << skew;
+  }
+  // Overlapping, the destination 64 bytes after the source.
+  ASSERT_OK(orMemcpy(buffer.get(), sent.data(), size, orMemcpyHostToDevice));
+  ASSERT_OK(orMemcpy(buffer.get() + 64, buffer.get(), size, orMemcpyDeviceToDevice));
+  std::vector<unsigned char> shifted(size, 0);
+  ASSERT_OK(orMemcpy(shifted.data(), buffer.get() + 64, size, orMemcpyDeviceToHost));
+  EXPECT_EQ(shifted, sent) << "overlapping device-to-device copy";
+}
+
 TEST_F(MemcpyTest, HostToHost) {
   const std::vector<unsigned char> source = Pattern(777, 4);
   std::vector<unsigned char> destination(777, 0);
