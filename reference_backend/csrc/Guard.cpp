@@ -34,10 +34,22 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceType type() const override { return kType; }
 
+  // PyTorch enters and exits a DeviceGuard around every operator, so the two
+  // methods a guard calls have a fast path for the common case (an openreg
+  // device in range, no mutant): the runtime's thread-local current device,
+  // read and written directly. Anything else takes the general path, which
+  // produces the errors.
   Device exchangeDevice(Device device) const override {
+    const DeviceIndex index = device.index();
+    int current = 0;
+    if (device.type() == kType && mutant::selected == nullptr && index >= 0 && index < device_count() &&
+        orGetDevice(&current) == orSuccess) [[likely]] {
+      if (current != index) OPENREG_CHECK(orSetDevice(index));
+      return Device(kType, static_cast<DeviceIndex>(current));
+    }
     check_type(device);
     if (mutant::is("guard-redundant-switch")) OPENREG_CHECK(orSetDevice(current_device()));
-    return Device(kType, exchange_device(device.index()));
+    return Device(kType, exchange_device(index));
   }
 
   Device getDevice() const override { return Device(kType, current_device()); }
@@ -50,6 +62,12 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Guard destructors call this: it must never throw, so an invalid device
   // (which no guard could have produced) is ignored: the device stays.
   void uncheckedSetDevice(Device device) const noexcept override {
+    int current = 0;
+    if (device.type() == kType && mutant::selected == nullptr && device.index() >= 0 &&
+        device.index() < device_count() && orGetDevice(&current) == orSuccess) [[likely]] {
+      if (current != device.index()) orSetDevice(device.index());
+      return;
+    }
     if (mutant::is("unchecked-set-device-throws")) set_device(device.index());
     if (mutant::is("guard-does-not-restore")) return;
     if (device.type() == kType) unchecked_set_device(device.index());
