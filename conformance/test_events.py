@@ -64,10 +64,7 @@ def test_event_query_true_means_the_work_is_done(dt, how):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     for scale in SCALES:
-        target = load.target()
-        with s:
-            load.queue(load.units * scale)
-            load.write(target)
+        target = load.queue_and_write(s, scale)
         if how == "Event.record(stream)":
             event = new_event(dt)
             must(lambda: event.record(s), how)

@@ -86,6 +86,15 @@ class Load:
     def write(self, target: torch.Tensor) -> None:
         target.copy_(self.src)
 
+    def queue_and_write(self, stream, scale: int = 1) -> torch.Tensor:
+        """On `stream`: `scale` times the calibrated work, then the write of
+        a fresh target, which is returned (zeros until the write has run)."""
+        target = self.target()
+        with stream:
+            self.queue(self.units * scale)
+            self.write(target)
+        return target
+
     def is_final(self, target: torch.Tensor) -> bool:
         """Whether `target` holds the written value everywhere (read on the
         current stream of its device, which synchronizes only that stream)."""
@@ -177,9 +186,7 @@ def test_stream_priorities(dt):
     for priority in (0, -1):
         s = new_stream(dt, 0, priority=priority)
         assert s.device == torch.device(dt, 0), f"a priority {priority} stream is on {s.device}"
-        target = load.target()
-        with s:
-            load.write(target)
+        target = load.queue_and_write(s, 0)
         must(s.synchronize, f"Stream.synchronize() of a priority {priority} stream")
         assert load.is_final(target), f"work on a priority {priority} stream did not happen"
     for priority in (-1000, 1000):
@@ -191,9 +198,7 @@ def test_stream_priorities(dt):
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"torch.Stream(priority={priority}) must clamp the priority or raise RuntimeError/"
                         f"ValueError, but raised {type(e).__name__}: {e}", pytrace=False)
-        target = load.target()
-        with s:
-            load.write(target)
+        target = load.queue_and_write(s, 0)
         must(s.synchronize, f"Stream.synchronize() of a stream created with priority {priority}")
         assert load.is_final(target), f"a stream created with (clamped) priority {priority} does not run work"
 
@@ -265,10 +270,7 @@ def test_synchronize_waits_for_the_work(dt):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     for scale in SCALES:
-        target = load.target()
-        with s:
-            load.queue(load.units * scale)
-            load.write(target)
+        target = load.queue_and_write(s, scale)
         in_flight = not s.query()
         must(s.synchronize, "Stream.synchronize()")
         assert must(s.query, "Stream.query()") is True, \
@@ -284,10 +286,7 @@ def test_query_true_means_the_work_is_done(dt):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     for scale in SCALES:
-        target = load.target()
-        with s:
-            load.queue(load.units * scale)
-            load.write(target)
+        target = load.queue_and_write(s, scale)
         in_flight = not s.query()
         assert poll(s.query), f"Stream.query() stayed False for {POLL_SECONDS} s after the work was queued"
         assert load.is_final(target), \
@@ -382,10 +381,8 @@ def check_producer_consumer(dt, make_consumer_wait, consumer_is_current: bool, w
     producer = new_stream(dt, 0)
     consumer = torch.accelerator.current_stream(0) if consumer_is_current else new_stream(dt, 0)
     for scale in SCALES:
-        produced, consumed = load.target(), load.target()
-        with producer:
-            load.queue(load.units * scale)
-            load.write(produced)
+        consumed = load.target()  # first: target() synchronizes the device
+        produced = load.queue_and_write(producer, scale)
         make_consumer_wait(producer, consumer)
         with consumer:
             consumed.copy_(produced)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
 import threading
 import time
@@ -14,6 +13,8 @@ import warnings
 
 import pytest
 import torch
+
+from privateuse1_conformance.harness.isolation import read_pipe
 
 from ._helpers import must
 
@@ -159,22 +160,9 @@ def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
         finally:
             os._exit(0)
     os.close(write_fd)
-    chunks = []
     deadline = time.monotonic() + timeout
-    hung = False
     try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                hung = True
-                break
-            ready, _, _ = select.select([read_fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        answer, hung = read_pipe(read_fd, deadline)
     finally:
         os.close(read_fd)
     if hung:
@@ -193,9 +181,9 @@ def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
         pytest.fail("the forked child answered but did not exit (hang at exit)", pytrace=False)
     if os.WIFSIGNALED(status):
         pytest.fail(f"the forked child crashed with {signal.Signals(os.WTERMSIG(status)).name}", pytrace=False)
-    if not chunks:
+    if not answer:
         pytest.fail("the forked child exited without an answer", pytrace=False)
-    return json.loads(b"".join(chunks))
+    return json.loads(answer)
 
 
 def _error(call) -> dict:

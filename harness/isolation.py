@@ -120,6 +120,23 @@ def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration:
     )
 
 
+def read_pipe(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Everything written to the pipe `fd` until its writers closed it or the
+    monotonic `deadline` passed: (the bytes, whether the deadline passed)."""
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return b"".join(chunks), True
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # every writer closed it: the child exited (or crashed)
+            return b"".join(chunks), False
+        chunks.append(chunk)
+
+
 # Children that reported everything and were still exiting: pid -> test.
 _EXITING: dict[int, str] = {}
 
@@ -168,37 +185,25 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             os._exit(0)
     # ----------------------------------------------------------- parent
     os.close(write_fd)
+    try:
+        buffer, timed_out = read_pipe(read_fd, started + timeout)
+    finally:
+        os.close(read_fd)
     reports: list[pytest.TestReport] = []
-    buffer = b""
-    deadline = started + timeout
-    timed_out = False
     harness_error = None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
+    while len(buffer) >= 4:  # complete frames only: a crash may cut the last one
+        (size,) = struct.unpack("!I", buffer[:4])
+        if len(buffer) < 4 + size:
             break
-        ready, _, _ = select.select([read_fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            break  # child closed the pipe: it exited (or crashed)
-        buffer += chunk
-        while len(buffer) >= 4:
-            (size,) = struct.unpack("!I", buffer[:4])
-            if len(buffer) < 4 + size:
-                break
-            payload = json.loads(buffer[4 : 4 + size])
-            buffer = buffer[4 + size :]
-            if "$harness_error" in payload:
-                harness_error = payload["$harness_error"]
-            else:
-                report = config.hook.pytest_report_from_serializable(config=config, data=payload)
-                if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
-                    report.longrepr = tuple(report.longrepr)
-                reports.append(report)
-    os.close(read_fd)
+        payload = json.loads(buffer[4 : 4 + size])
+        buffer = buffer[4 + size :]
+        if "$harness_error" in payload:
+            harness_error = payload["$harness_error"]
+        else:
+            report = config.hook.pytest_report_from_serializable(config=config, data=payload)
+            if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
+                report.longrepr = tuple(report.longrepr)
+            reports.append(report)
     if timed_out:
         try:
             os.killpg(pid, signal.SIGKILL)
