@@ -33,12 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-from .registry import LEVELS, Registry
+from .registry import LEVELS, Registry, read_toml
 
 ENTRY_POINT_GROUP = "privateuse1_conformance.backends"
 
@@ -67,11 +62,7 @@ class Manifest:
     @classmethod
     def load(cls, path: str | Path, registry: Registry | None = None) -> Manifest:
         path = Path(path)
-        try:
-            with path.open("rb") as f:
-                data = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise BackendError(f"cannot read manifest {path}: {e}") from e
+        data = read_toml(path, BackendError, "manifest")
         section = data.get("backend", {})
         unknown = set(section) - {"name", "claims", "unclaimed", "expectations", "instrumentation"}
         if unknown or set(data) - {"backend"}:

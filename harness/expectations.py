@@ -11,16 +11,10 @@ hangs are never turned into anything else.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-from .registry import Registry
+from .registry import Registry, read_toml
 
 
 class ExpectationsError(ValueError):
@@ -35,11 +29,7 @@ class Expectation:
 
 def load(path: str | Path, registry: Registry) -> dict[str, Expectation]:
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ExpectationsError(f"cannot read expectations file {path}: {e}") from e
+    data = read_toml(path, ExpectationsError, "expectations file")
     if set(data) - {"expect"}:
         raise ExpectationsError(f"{path}: unknown top-level keys {sorted(set(data) - {'expect'})}")
     expectations: dict[str, Expectation] = {}

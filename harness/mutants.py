@@ -31,11 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from . import registry as registry_mod
 
 PLUGIN = "privateuse1_conformance.harness.plugin"
@@ -70,8 +65,7 @@ def default_path() -> Path:
 
 def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
     path = Path(path)
-    with path.open("rb") as f:
-        data = tomllib.load(f)
+    data = registry_mod.read_toml(path, MutantRegistryError, "mutant registry")
     try:
         backend, selector = data["backend"], data["selector_env"]
         entries = data["mutant"]

@@ -24,6 +24,17 @@ class RegistryError(ValueError):
     """The registry file is malformed."""
 
 
+def read_toml(path: Path, error: type[Exception], what: str) -> dict:
+    """The TOML document at `path`, or `error` saying that the `what` there
+    cannot be read (the kit's data files and a vendor's manifest and
+    expectations alike)."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise error(f"cannot read {what} {path}: {e}") from e
+
+
 @dataclass(frozen=True)
 class Feature:
     name: str
@@ -74,8 +85,7 @@ class Registry:
 def load(path: str | Path) -> Registry:
     """Read and validate the registry at `path`."""
     path = Path(path)
-    with path.open("rb") as f:
-        data = tomllib.load(f)
+    data = read_toml(path, RegistryError, "contract registry")
 
     def need(table: dict, key: str, where: str):
         if key not in table:

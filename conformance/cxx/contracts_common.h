@@ -199,6 +199,11 @@ inline StreamSnapshot make_non_default_streams_current() {
   return current_streams();
 }
 
+// Thrown inside a guard's scope to check that unwinding restores state.
+struct Escape : std::runtime_error {
+  Escape() : std::runtime_error("escapes the guard's scope") {}
+};
+
 // Say what is being tried before a call whose throw would terminate the
 // process (noexcept methods): the crash report keeps the output's tail.
 inline void announce(const std::string& what) {

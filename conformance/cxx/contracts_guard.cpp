@@ -21,10 +21,6 @@ using GD_DEV_004 = WithDevices;
 using GD_DEV_005 = WithDevices;
 using GD_CNT_001 = AnyDeviceCount;
 
-struct Escape : std::runtime_error {
-  Escape() : std::runtime_error("escapes the guard's scope") {}
-};
-
 // ------------------------------------------------------------ GD-DEV-001
 
 TEST_F(GD_DEV_001, SwitchesOnConstructionRestoresOnDestruction) {

@@ -16,10 +16,6 @@ using GD_STR_001 = WithDevices;
 using GD_STR_002 = WithDevices;
 using GD_MULTI_001 = WithDevices;
 
-struct Escape : std::runtime_error {
-  Escape() : std::runtime_error("escapes the guard's scope") {}
-};
-
 // ------------------------------------------------------------ GD-STR-001
 
 TEST_F(GD_STR_001, SwitchesDeviceAndStreamRestoresBothLeavesTheOriginAlone) {
