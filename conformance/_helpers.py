@@ -3,6 +3,11 @@
 A conformance failure must say which contract broke and what to implement,
 not just show a traceback: these helpers turn exceptions raised by the
 backend where the contract requires success into failures with messages.
+
+Attribution (harness/evidence.py): a failure is charged to the contract
+its check names (``check(contract, ...)``, or a ``scope(contract)`` around
+it), else to the test's primary contract, the first one it declares.
+Tests of one contract need neither.
 """
 
 from __future__ import annotations
@@ -14,13 +19,26 @@ from typing import Any
 
 import pytest
 
+from privateuse1_conformance.harness.evidence import Inconclusive, Violation, inconclusive, scope  # noqa: F401
+
+
+def check(contract: str, condition: Any, message: str | Callable[[], str]) -> None:
+    """Fail the check of `contract` (an ID, or ID.clause such as DM-SET-001.2)
+    unless `condition` holds. `message` may be a callable, built only on failure."""
+    __tracebackhide__ = True
+    if not condition:
+        contract_id, _, clause = contract.partition(".")
+        text = message() if callable(message) else message
+        raise Violation(text, contract_id, contract if clause else None)
+
 
 def must(call: Callable[[], Any], what: str) -> Any:
     """Run `call`, which the contract requires to succeed."""
+    __tracebackhide__ = True
     try:
         return call()
     except Exception as e:  # noqa: BLE001 - any exception is the backend's failure
-        pytest.fail(f"{what} raised {type(e).__name__}: {e}", pytrace=False)
+        raise Violation(f"{what} raised {type(e).__name__}: {e}") from e
 
 
 def must_raise(
@@ -31,22 +49,20 @@ def must_raise(
 ) -> BaseException:
     """Run `call`, which the contract requires to raise one of `exceptions`
     with a message mentioning each of `mentions` (case-insensitive)."""
+    __tracebackhide__ = True
     try:
         result = call()
     except exceptions as e:
         message = str(e)
         missing = [m for m in mentions if m.lower() not in message.lower()]
         if missing:
-            pytest.fail(
-                f"{what} raised {type(e).__name__} as required, but its message does not "
-                f"mention {missing}: {message!r}",
-                pytrace=False,
-            )
+            raise Violation(f"{what} raised {type(e).__name__} as required, but its message does not "
+                            f"mention {missing}: {message!r}") from None
         return e
     except Exception as e:  # noqa: BLE001
         names = exceptions.__name__ if isinstance(exceptions, type) else "/".join(x.__name__ for x in exceptions)
-        pytest.fail(f"{what} must raise {names}, but raised {type(e).__name__}: {e}", pytrace=False)
-    pytest.fail(f"{what} must raise, but returned {result!r}", pytrace=False)
+        raise Violation(f"{what} must raise {names}, but raised {type(e).__name__}: {e}") from e
+    raise Violation(f"{what} must raise, but returned {result!r}")
 
 
 def range_mentions(index: int, count: int) -> tuple[str, ...]:
@@ -83,8 +99,5 @@ def require_allocator(cxx) -> None:
     """Fail (rather than crash) when the backend registered no allocator:
     PyTorch then dereferences a null allocator for device storages."""
     if not cxx.allocator_registered():
-        pytest.fail(
-            "no allocator is registered for PrivateUse1 (c10::SetAllocator or REGISTER_ALLOCATOR): "
-            "torch.UntypedStorage(n, device=...) would dereference a null allocator and crash",
-            pytrace=False,
-        )
+        raise Violation("no allocator is registered for PrivateUse1 (c10::SetAllocator or REGISTER_ALLOCATOR): "
+                        "torch.UntypedStorage(n, device=...) would dereference a null allocator and crash")

@@ -52,8 +52,8 @@ def _run(args: argparse.Namespace) -> int:
         f"--backend={args.backend}",
         f"--contract-timeout={args.timeout}",
     ]
-    # A rerun of some contracts must not overwrite the full run's reports.
-    report_dir = args.report_dir or (None if args.contract else DEFAULT_REPORT_DIR)
+    # A rerun of some contracts or tests must not overwrite the full run's reports.
+    report_dir = args.report_dir or (None if args.contract or args.test else DEFAULT_REPORT_DIR)
     if report_dir:
         pytest_args.append(f"--report-dir={report_dir}")
     for option in ("level", "manifest", "expectations"):
@@ -61,18 +61,13 @@ def _run(args: argparse.Namespace) -> int:
         if value:
             pytest_args.append(f"--{option}={value}")
     pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
+    pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
     if args.jobs and args.jobs > 1:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args
-    code = pytest.main(pytest_args)
-    if report_dir:
-        folder = Path(report_dir).resolve()
-        written = [name for name in [writer.JSON_FILE, *(n for n, _ in writer.RENDERINGS.values())]
-                   if (folder / name).exists()]
-        if written:
-            print(f"reports written to {folder}: {', '.join(written)}")
+    # The reports' folder is named in the run's final summary.
     # pytest: 0 all passed, 1 some failed — both are complete runs.
-    return int(code)
+    return int(pytest.main(pytest_args))
 
 
 def _read_report(path: str) -> dict | None:
@@ -227,11 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--manifest")
     run.add_argument("--expectations")
     run.add_argument("--report-dir", help=f"where to write the reports (default: {DEFAULT_REPORT_DIR}; "
-                                          "none with --contract unless given)")
+                                          "none with --contract or --test unless given)")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before a test counts as hung")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
     run.add_argument("--contract", action="append", metavar="ID",
                      help="run only the tests of this contract (repeatable)")
+    run.add_argument("--test", action="append", metavar="TEST",
+                     help="run only this test, named as the reports name it, e.g. "
+                          "'test_streams.py::test_name[param]' (repeatable)")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     run.set_defaults(handler=_run)
 

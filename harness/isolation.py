@@ -21,11 +21,14 @@ import signal
 import struct
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
 import pytest
 from _pytest.runner import call_and_report
+
+from . import evidence, progress
 
 # Attached to synthesized reports so the plugin can tell them apart.
 CRASH = "crash"
@@ -37,12 +40,16 @@ OUTPUT_TAIL = 8000  # characters of the child's output kept for crash reports
 _EXTENSION_LIST = re.compile(r"^(Extension modules: ).*?(\(total: \d+\))?$", re.MULTILINE)
 
 
+_SEND_LOCK = threading.Lock()  # reports (main thread) and scope messages (any thread) share the pipe
+
+
 def _send(fd: int, payload: dict) -> None:
     data = json.dumps(payload).encode()
     view = memoryview(struct.pack("!I", len(data)) + data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    with _SEND_LOCK:
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
 def _run_child(item: pytest.Item, fd: int) -> None:
@@ -63,7 +70,7 @@ def _run_child(item: pytest.Item, fd: int) -> None:
         _send(fd, {"$harness_error": traceback.format_exc()})
 
 
-def _redirect_output(config: pytest.Config, path: str, timeout: float) -> None:
+def _redirect_output(config: pytest.Config, path: str, timeout: float, stacks: str) -> None:
     """Child side: send all output to `path`, uncaptured, so that the parent
     can show what a crashed or hung test printed last (pytest's own capture
     would lose it with the process)."""
@@ -80,8 +87,9 @@ def _redirect_output(config: pytest.Config, path: str, timeout: float) -> None:
     # Python's crash traceback goes to the log too (pytest pointed it at the
     # parent's terminal).
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
-    # Just before the parent kills a hung test, say where every thread is.
-    faulthandler.dump_traceback_later(timeout * 0.9, file=sys.__stderr__)
+    # Where every thread is, now and then: the parent's evidence of progress
+    # (harness/progress.py) and the account of a hang.
+    progress.start_stack_dumps(stacks, timeout)
 
 
 def _signal_name(number: int) -> str:
@@ -104,7 +112,13 @@ def _tail(path: str) -> str:
     return text[-OUTPUT_TAIL:]
 
 
-def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float) -> pytest.TestReport:
+def synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float,
+                scope: list | None = None, cause: str = "") -> pytest.TestReport:
+    properties = [("verdict", kind)]
+    if scope:
+        properties.append(("scope", scope))
+    if cause:
+        properties.append(("cause", cause))
     return pytest.TestReport(
         nodeid=item.nodeid,
         location=item.location,
@@ -116,7 +130,7 @@ def _synthesize(item: pytest.Item, when: str, kind: str, message: str, duration:
         duration=duration,
         start=time.time() - duration,
         stop=time.time(),
-        user_properties=[("verdict", kind)],
+        user_properties=properties,
     )
 
 
@@ -141,22 +155,69 @@ def read_pipe(fd: int, deadline: float) -> tuple[bytes, bool]:
 _EXITING: dict[int, str] = {}
 
 
+EXIT_LIMIT = 30.0  # seconds the end of a run waits for test processes that are still exiting
+
+
 def reap_exited(block: bool = False) -> None:
-    """Collect children that finished reporting (blocking: wait for all).
-    One killed by a signal after reporting (a backend thread crashing
-    during exit) is noted on stderr: its test's verdict was already given."""
-    for pid, nodeid in list(_EXITING.items()):
-        try:
-            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            done, status = pid, 0
-        if not done:
-            continue
-        del _EXITING[pid]
-        if os.WIFSIGNALED(status):
-            print(f"conformance harness: the process of {nodeid} was killed by "
-                  f"{_signal_name(os.WTERMSIG(status))} while exiting, after it had reported",
-                  file=sys.__stderr__)
+    """Collect children that finished reporting (blocking: wait for all, at
+    most EXIT_LIMIT seconds, then kill what is left: a backend whose exit
+    hangs must not hang the run). One killed by a signal after reporting (a
+    backend thread crashing during exit) is noted on stderr: its test's
+    verdict was already given."""
+    deadline = time.monotonic() + EXIT_LIMIT
+    while _EXITING:
+        for pid, nodeid in list(_EXITING.items()):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if not done:
+                continue
+            del _EXITING[pid]
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) != signal.SIGKILL:
+                print(f"conformance harness: the process of {nodeid} was killed by "
+                      f"{_signal_name(os.WTERMSIG(status))} while exiting, after it had reported",
+                      file=sys.__stderr__)
+        if not block or not _EXITING:
+            return
+        if time.monotonic() > deadline:
+            for pid, nodeid in list(_EXITING.items()):
+                print(f"conformance harness: the process of {nodeid} had reported but did not exit within "
+                      f"{EXIT_LIMIT:g} s; killed", file=sys.__stderr__)
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            deadline = float("inf")  # SIGKILL: the next rounds reap them
+        time.sleep(0.01)
+
+
+def _watch(pid: int, read_fd: int, started: float, timeout: float) -> tuple[bytes, str | None]:
+    """Parent side: read the child's reports until it closes the pipe. Past
+    the time limit, keep waiting while the child makes progress (see
+    progress.py); return (everything read, why it counts as hung or None)."""
+    chunks: list[bytes] = []
+    step = progress.window(timeout)
+    hard_limit = started + progress.HARD_LIMIT * timeout
+    checkpoint = started + timeout - step  # the first sample: one window before the limit
+    previous = None
+    while True:
+        data, waiting = read_pipe(read_fd, min(checkpoint, hard_limit))
+        chunks.append(data)
+        if not waiting:
+            return b"".join(chunks), None
+        now = time.monotonic()
+        current = progress.sample(pid, now)
+        if now >= hard_limit:
+            return b"".join(chunks), (f"still running after {progress.HARD_LIMIT} times the time limit "
+                                      f"({progress.HARD_LIMIT * timeout:g} s), although it kept using the CPU "
+                                      "(a busy loop, or a test too slow to tell from one)")
+        if previous is not None and now >= started + timeout:
+            why = progress.stalled(previous, current)
+            if why:
+                return b"".join(chunks), why
+        previous = current
+        checkpoint = now + step
 
 
 def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
@@ -165,6 +226,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     read_fd, write_fd = os.pipe()
     output = tempfile.NamedTemporaryFile(prefix="conformance-child-", suffix=".log", delete=False)
     output.close()
+    stacks = output.name[: -len(".log")] + ".stacks"
     reap_exited()
     started = time.monotonic()
     pid = os.fork()
@@ -172,12 +234,14 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         try:
             os.close(read_fd)
             os.setpgid(0, 0)  # a hang kill takes the child's own children too
-            _redirect_output(config, output.name, timeout)
+            evidence.set_channel(lambda message: _send(write_fd, message))  # open scopes, for crash verdicts
+            _redirect_output(config, output.name, timeout, stacks)
             _run_child(item, write_fd)
             # Everything is reported: flush what the test printed and say so
             # by closing the pipe now. The parent goes on while this process
             # exits, which costs as much as the fork (its whole address
             # space is torn down before its files are closed).
+            faulthandler.cancel_dump_traceback_later()
             sys.stdout.flush()
             sys.stderr.flush()
             os.close(write_fd)
@@ -186,11 +250,13 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     # ----------------------------------------------------------- parent
     os.close(write_fd)
     try:
-        buffer, timed_out = read_pipe(read_fd, started + timeout)
+        buffer, hung = _watch(pid, read_fd, started, timeout)
     finally:
         os.close(read_fd)
+    timed_out = hung is not None
     reports: list[pytest.TestReport] = []
     harness_error = None
+    scope = None  # the innermost evidence scope open when the child last said
     while len(buffer) >= 4:  # complete frames only: a crash may cut the last one
         (size,) = struct.unpack("!I", buffer[:4])
         if len(buffer) < 4 + size:
@@ -199,6 +265,8 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         buffer = buffer[4 + size :]
         if "$harness_error" in payload:
             harness_error = payload["$harness_error"]
+        elif evidence.SCOPE_MESSAGE in payload:
+            scope = payload[evidence.SCOPE_MESSAGE]
         else:
             report = config.hook.pytest_report_from_serializable(config=config, data=payload)
             if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
@@ -221,16 +289,25 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         _, status = os.waitpid(pid, 0)
     duration = time.monotonic() - started
     tail = _tail(output.name)
-    os.unlink(output.name)
+    _, last_stacks = progress.last_dump(stacks)
+    for path in (output.name, stacks):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
     when = "setup" if "setup" not in phases_done else ("call" if "call" not in phases_done else "teardown")
     if harness_error:
         raise RuntimeError(f"conformance harness failed in the test child:\n{harness_error}")
+    where = f" in {scope[0]}" + (f" ({scope[1]})" if scope[1] else "") if scope else ""
     if timed_out:
-        message = f"HANG: the test did not finish within {timeout:g} s and was killed (during {when})"
+        message = (f"HANG: the test did not finish within {timeout:g} s (during {when}{where}): {hung}; "
+                   f"it was killed after {duration:.0f} s")
+        if last_stacks:
+            message += f"\n--- where its threads were (last stack dump) ---\n{last_stacks}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
-        reports.append(_synthesize(item, when, HANG, message, duration))
+        reports.append(synthesize(item, when, HANG, message, duration, scope, "hang: no result within the time limit"))
     elif os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0 or "teardown" not in phases_done:
         if os.WIFSIGNALED(status):
             cause = f"was killed by {_signal_name(os.WTERMSIG(status))}"
@@ -238,10 +315,10 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             cause = f"exited with status {os.WEXITSTATUS(status)}"
         else:
             cause = "exited before finishing"
-        message = f"CRASH: the test process {cause} (during {when})"
+        message = f"CRASH: the test process {cause} (during {when}{where})"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
-        reports.append(_synthesize(item, when, CRASH, message, duration))
+        reports.append(synthesize(item, when, CRASH, message, duration, scope, f"crash: the test process {cause}"))
     elif tail and any(r.failed for r in reports):
         for report in reports:
             if report.failed:

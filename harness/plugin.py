@@ -23,6 +23,7 @@ What it does for a run:
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import subprocess
@@ -33,11 +34,13 @@ from pathlib import Path
 import pytest
 
 from . import backend as backend_mod
+from . import bounded, evidence
 from . import expectations as expectations_mod
 from . import isolation, registry as registry_mod
-from .results import RunRecorder
+from .results import RunRecorder, cause_of
 
 MARKER = "contract"
+REQUIRES = "requires"
 DEFAULT_TIMEOUT = 60.0
 PREFLIGHT_TIMEOUT = 300.0
 
@@ -53,6 +56,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--report-dir", default=None, help="write the compliance report into this folder")
     group.addoption("--contract", action="append", default=[], metavar="ID[,ID...]",
                     help="run only the tests of these contracts (repeatable)")
+    group.addoption("--test-id", action="append", default=[], metavar="TEST",
+                    help="run only this test, named as the reports name it (e.g. test_streams.py::test_name[param]; "
+                         "a module or a test without its parameters selects all it holds; repeatable)")
     group.addoption("--registry", default=None,
                     help="contract registry TOML (default: the suite's own; for testing the kit itself)")
     group.addoption("--isolation", choices=("fork", "none"), default="fork",
@@ -63,9 +69,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(*ids): the contract IDs (conformance/contracts.toml) a test checks"
+        "markers", f"{MARKER}(*ids): the contract IDs (conformance/contracts.toml) a test checks; the first is "
+        "the primary one, charged with any failure no check or scope names"
+    )
+    config.addinivalue_line(
+        "markers", f"{REQUIRES}(*features): the test needs these features although its contracts do not; "
+        "without them it is no evidence (inconclusive), never a failure"
     )
     if config.getoption("backend"):
+        # Short tracebacks on the terminal (the reports keep them complete).
+        if config.getoption("tbstyle", "auto") == "auto":
+            config.option.tbstyle = "short"
         config.pluginmanager.register(ConformanceSession(config), "privateuse1-conformance-session")
 
 
@@ -116,18 +130,21 @@ class ConformanceSession:
             raise pytest.UsageError(str(e)) from e
         self.expectations_path = Path(expectations_path) if expectations_path else None
         self.only = {c.strip() for option in config.getoption("contract") for c in option.split(",") if c.strip()}
+        self.only_tests = [t.strip() for t in config.getoption("test_id") if t.strip()]
         unknown = sorted(self.only - set(self.registry.contracts))
         if unknown:
             raise pytest.UsageError(f"--contract: unknown contract ID(s) {', '.join(unknown)}")
         self.timeout = config.getoption("contract_timeout")
         self.isolation = config.getoption("isolation")
-        self.device_count = self._device_count()
+        # Why no test can run (the backend did not answer the parent's
+        # questions): every test then reports it, and the run ends at once.
+        self.setup_problem: str | None = None
+        self.device_count, self.parent_initialized = self._probe_backend()
         # Features the backend does not have: declared absent, or implied by
         # the hardware (one device cannot show multi-device behaviour).
         self.unclaimed = set(manifest.unclaimed)
         if self.device_count < 2:
             self.unclaimed.add("multi-device")
-        self.parent_initialized = self._is_initialized()
         # Warm the parent: PyTorch imports these lazily on the first operator
         # that needs a Python meta kernel (seconds); every forked test would
         # pay that again. Importing them touches no device.
@@ -139,28 +156,40 @@ class ConformanceSession:
 
     # ------------------------------------------------------------ helpers
 
-    def _device_count(self) -> int:
-        """The device count, from the first layer that answers: the module,
-        then the hooks. Disagreement is a contract failure the suite reports;
-        here we only need a number to plan the run."""
-        import torch
+    def _probe_backend(self) -> tuple[int, bool]:
+        """(the device count, whether importing the backend initialized it),
+        asked in a probe process with a time limit (harness/bounded.py): the
+        parent never waits on the backend without one. The count comes from
+        the first layer that answers, the module then the hooks; disagreement
+        is a contract failure the suite reports, here we only plan the run."""
+        module = self.backend.device_module
 
-        for ask in (lambda: self.backend.device_module.device_count(),
-                    torch._C._accelerator_hooks_device_count):
+        def question() -> dict:
+            import torch
+
+            count = 0
+            for ask in (lambda: module.device_count(), torch._C._accelerator_hooks_device_count):
+                try:
+                    count = int(ask())
+                except Exception:  # noqa: BLE001
+                    continue
+                if count > 0:
+                    break
+            is_initialized = getattr(module, "is_initialized", None)
             try:
-                count = int(ask())
+                initialized = bool(is_initialized()) if callable(is_initialized) else False
             except Exception:  # noqa: BLE001
-                continue
-            if count > 0:
-                return count
-        return 0
+                initialized = False
+            return {"count": count, "initialized": initialized}
 
-    def _is_initialized(self) -> bool:
-        is_initialized = getattr(self.backend.device_module, "is_initialized", None)
         try:
-            return bool(is_initialized()) if callable(is_initialized) else False
-        except Exception:  # noqa: BLE001
-            return False
+            answer = bounded.ask(question, f"the backend's device_count() / is_initialized()",
+                                 limit=max(self.timeout, 10.0))
+        except bounded.BackendProbeError as e:
+            self.setup_problem = (f"{e}: the kit needs these answers before any test can run, so no test "
+                                  "was run")
+            return 0, False
+        return int(answer["count"]), bool(answer["initialized"])
 
     @staticmethod
     def contracts_of(item: pytest.Item) -> list[str]:
@@ -169,9 +198,43 @@ class ConformanceSession:
             ids.extend(marker.args)
         return ids
 
+    @functools.cached_property
+    def suite_dir(self) -> Path | None:
+        """The folder of the suite that runs (installed or in a checkout)."""
+        try:
+            from privateuse1_conformance import conformance
+
+            return Path(conformance.__file__).resolve().parent
+        except ImportError:  # pragma: no cover - the kit is always importable when its plugin is
+            return None
+
+    def _suite_path(self, nodeid: str) -> str | None:
+        """The test file of `nodeid` relative to the suite's folder, or None
+        for a test outside the suite (the kit's own tests run scratch suites)."""
+        path = nodeid.partition("::")[0]
+        if self.suite_dir is None:
+            return None
+        try:
+            return (self.config.rootpath / path).resolve().relative_to(self.suite_dir).as_posix()
+        except ValueError:
+            return None
+
+    def test_id(self, nodeid: str) -> str:
+        """The test's ID in reports: its file relative to the suite's folder
+        and its name, whatever the working directory and rootdir (a pytest
+        node ID is relative to the rootdir). Tests outside the suite keep
+        their node ID."""
+        path, sep, rest = nodeid.partition("::")
+        return (self._suite_path(nodeid) or path) + sep + rest
+
     def rerun_command(self, nodeid: str) -> str:
-        """A command that reruns one test from any folder: the test file is
-        named by its absolute path (a node ID is relative to the rootdir)."""
+        """A command that reruns one test from any folder: the suite's tests
+        are found by the installed suite's package and the test's ID; a test
+        outside the suite by its file's absolute path."""
+        from .results import rerun_options  # not at the top: results imports this module lazily too
+
+        if self._suite_path(nodeid) is not None:
+            return shlex.join([*rerun_options(self), f"--test={self.test_id(nodeid)}"])
         path, _, rest = nodeid.partition("::")
         target = str((self.config.rootpath / path).resolve()) + (f"::{rest}" if rest else "")
         args = ["pytest", "-p", "privateuse1_conformance.harness.plugin", f"--backend={self.backend.requested}"]
@@ -179,7 +242,15 @@ class ConformanceSession:
             value = self.config.getoption(option)
             if value:
                 args.append(f"--{option}={Path(value).resolve()}")
-        return " ".join(shlex.quote(a) for a in args + [target])
+        return shlex.join(args + [target])
+
+    def selects(self, item: pytest.Item) -> bool:
+        """Whether --test-id selects `item` (no --test-id: every item)."""
+        if not self.only_tests:
+            return True
+        test_id = self.test_id(item.nodeid)
+        bare = test_id.split("[", 1)[0]
+        return any(test_id == t or bare == t or test_id.startswith(t + "::") for t in self.only_tests)
 
     # -------------------------------------------------------- collection
 
@@ -204,7 +275,7 @@ class ConformanceSession:
                 continue
             self.covered.update(ids)
             in_level = min(self.registry.contracts[c].level_rank for c in ids) <= rank
-            if in_level and (not self.only or self.only.intersection(ids)):
+            if in_level and (not self.only or self.only.intersection(ids)) and self.selects(item):
                 selected.append(item)
             else:
                 deselected.append(item)
@@ -222,19 +293,36 @@ class ConformanceSession:
 
     # ---------------------------------------------------------- running
 
-    def _unclaimed_features(self, item: pytest.Item) -> list[str]:
-        features = set()
-        for contract_id in self.contracts_of(item):
-            features.update(self.registry.contracts[contract_id].features)
-        return sorted(features & self.unclaimed)
+    def unclaimed_contracts(self, contracts: list[str]) -> dict[str, list[str]]:
+        """Contract -> the unclaimed features it needs (only those that need some)."""
+        out = {}
+        for contract_id in contracts:
+            missing = sorted(set(self.registry.contracts[contract_id].features) & self.unclaimed)
+            if missing:
+                out[contract_id] = missing
+        return out
+
+    def _missing_requirements(self, item: pytest.Item) -> list[str]:
+        required = set()
+        for marker in item.iter_markers(REQUIRES):
+            required.update(marker.args)
+        return sorted(required & self.unclaimed)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        contracts = ",".join(self.contracts_of(item))
-        unclaimed = self._unclaimed_features(item)
-        if unclaimed:
-            reports = [self._not_claimed_report(item, unclaimed)]
+        contracts = self.contracts_of(item)
+        unclaimed = self.unclaimed_contracts(contracts)
+        missing = self._missing_requirements(item)
+        if self.setup_problem:
+            reports = [isolation.synthesize(item, "setup", "error", self.setup_problem, 0.0,
+                                            cause=self.setup_problem)]
+        elif len(unclaimed) == len(contracts):
+            reports = [self._not_run_report(item, "not-claimed", self._not_claimed_reason(
+                sorted({f for fs in unclaimed.values() for f in fs})))]
+        elif missing:
+            reports = [self._not_run_report(item, "inconclusive", self._not_claimed_reason(missing).replace(
+                "not claimed:", "not applicable here:", 1))]
         elif self.isolation == "fork":
             reports = isolation.run_forked(item, self.timeout)
         else:
@@ -242,31 +330,40 @@ class ConformanceSession:
 
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
         for report in reports:
-            self._finalize(report, contracts)
+            self._finalize(report, contracts, unclaimed)
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _not_claimed_report(self, item: pytest.Item, features: list[str]) -> pytest.TestReport:
-        why = ", ".join(features)
-        reason = f"not claimed: the backend does not claim feature(s) {why}"
+    def _not_claimed_reason(self, features: list[str]) -> str:
+        reason = f"not claimed: the backend does not claim feature(s) {', '.join(features)}"
         if "multi-device" in features and "multi-device" not in self.backend.manifest.unclaimed:
             reason += f" (it has {self.device_count} device(s); this needs 2)"
+        return reason
+
+    def _not_run_report(self, item: pytest.Item, verdict: str, reason: str) -> pytest.TestReport:
         return pytest.TestReport(
             nodeid=item.nodeid, location=item.location, keywords={k: 1 for k in item.keywords},
             outcome="skipped", longrepr=(str(item.path), item.location[1] or 0, reason),
             when="setup", sections=[], duration=0.0,
-            user_properties=[("verdict", "not-claimed"), ("unclaimed", why)],
+            user_properties=[("verdict", verdict)],
         )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
-        """Runs where the test runs (the child): tell fail from error."""
+        """Runs where the test runs (the child): tell fail from error, and
+        charge the outcome to the contract it is evidence about."""
         report = yield
+        error = call.excinfo.value if call.excinfo is not None else None
         if report.passed:
             verdict = "pass"
         elif report.skipped:
-            verdict = "xfail" if hasattr(report, "wasxfail") else "skip"
+            if hasattr(report, "wasxfail"):
+                verdict = "xfail"
+            elif isinstance(error, evidence.Inconclusive):
+                verdict = "inconclusive"
+            else:
+                verdict = "skip"
         elif call.excinfo is not None and call.when == "call" and call.excinfo.errisinstance(
             (AssertionError, pytest.fail.Exception)
         ):
@@ -274,24 +371,88 @@ class ConformanceSession:
         else:
             verdict = "error"
         report.user_properties.append(("verdict", verdict))
+        if error is not None:
+            charged = evidence.contract_of(error)
+            if charged:
+                report.user_properties.append(("charged", charged))
+            for key, value in (("clause", evidence.clause_of(error)), ("step", evidence.step_of(error)),
+                               ("cause", cause_of(error) if verdict in ("fail", "error") else None)):
+                if value:
+                    report.user_properties.append((key, value))
+            if isinstance(error, evidence.Violation):
+                report.user_properties.append(("message", str(error)))
+            if report.failed:  # the complete traceback for the report, whatever the terminal shows
+                try:
+                    report.user_properties.append(("details", str(item.repr_failure(call.excinfo, style="long"))))
+                except Exception:  # noqa: BLE001 - the terminal's version will do
+                    pass
         return report
 
-    def _finalize(self, report: pytest.TestReport, contracts: str) -> None:
-        """Parent side: expectations, contract IDs, rerun hints."""
+    def charges(self, verdict: str, charged: str | None, contracts: list[str],
+                unclaimed: dict[str, list[str]]) -> tuple[dict[str, str], str | None]:
+        """What one phase's outcome says about each contract of the test, and
+        a note when the charge had to be moved (a check of a contract the
+        test does not declare is a kit bug: charged to the primary contract
+        as an error that says so)."""
+        active = [c for c in contracts if c not in unclaimed]
+        primary = active[0] if active else contracts[0]
+        result = {c: "not-claimed" for c in unclaimed}
+        note = None
+        if verdict in ("pass", "xpass", "skip", "inconclusive", "not-claimed"):
+            result.update({c: verdict for c in active})
+            return result, note
+        target = charged or primary
+        if target not in contracts:
+            note = (f"[kit bug] this failure was charged to {target}, which the test does not declare "
+                    f"(@pytest.mark.contract); it is reported against {primary}")
+            target, verdict = primary, "error"
+        elif target in unclaimed:
+            # A check of an unclaimed contract failed: the test exercised a
+            # feature the backend declares absent. Nothing is learnt about it,
+            # and the test stopped before the others were checked.
+            result.update({c: "inconclusive" for c in active})
+            return result, note
+        result.update({c: "inconclusive" for c in active})
+        result[target] = verdict
+        return result, note
+
+    def _finalize(self, report: pytest.TestReport, contracts: list[str], unclaimed: dict[str, list[str]]) -> None:
+        """Parent side: per-contract charges, expectations, contract IDs."""
         props = dict(report.user_properties)
         verdict = props.get("verdict") or ("pass" if report.passed else "skip" if report.skipped else "error")
-        expected = [self.expectations[c] for c in contracts.split(",") if c in self.expectations]
-        if expected and verdict in ("fail", "error"):
+        charged = props.get("charged")
+        if verdict in (isolation.CRASH, isolation.HANG) and props.get("scope"):
+            charged = props["scope"][0]  # the scope the test process was in when it died or hung
+            if props["scope"][1]:
+                props["step"] = props["scope"][1]
+        charges, note = self.charges(verdict, charged, contracts, unclaimed)
+        expected = []
+        for contract_id, charge in charges.items():
+            expectation = self.expectations.get(contract_id)
+            if expectation is None:
+                continue
+            if charge in ("fail", "error"):
+                charges[contract_id] = "xfail"
+                expected.append(expectation.reason)
+            elif charge == "pass" and report.when == "call":
+                charges[contract_id] = "xpass"
+                expected.append(expectation.reason)
+        from privateuse1_conformance.reports.model import Verdict
+
+        overall = max((Verdict(v) for v in charges.values()), key=lambda v: v.severity).value
+        if overall == "xfail":
             report.outcome = "skipped"
-            report.wasxfail = "; ".join(e.reason for e in expected)
-            verdict = "xfail"
-        elif expected and verdict == "pass" and report.when == "call":
-            report.wasxfail = "; ".join(e.reason for e in expected)
-            verdict = "xpass"
-        report.user_properties = [p for p in report.user_properties if p[0] != "verdict"]
-        report.user_properties += [("verdict", verdict), ("contracts", contracts)]
         if expected:
-            report.user_properties.append(("expectation", report.wasxfail if hasattr(report, "wasxfail") else ""))
+            report.wasxfail = "; ".join(expected)
+        keep = ("verdict", "charged", "charges", "contracts", "expectation", "note")
+        report.user_properties = [p for p in report.user_properties if p[0] not in keep and p[0] != "scope"]
+        report.user_properties += [("verdict", overall), ("charges", charges), ("contracts", ",".join(contracts))]
+        if props.get("step") and "step" not in dict(report.user_properties):
+            report.user_properties.append(("step", props["step"]))
+        if note:
+            report.user_properties.append(("note", note))
+        if expected:
+            report.user_properties.append(("expectation", report.wasxfail))
 
     # ------------------------------------------------------------ results
 
@@ -303,4 +464,11 @@ class ConformanceSession:
         self.recorder.finish(exitstatus, self._start, time.time() - self._start)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        self.recorder.print_summary(terminalreporter)
+        self.recorder.print_details(terminalreporter)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        # After pytest's own summary and final line: the table, the level and
+        # the blocking contracts are the last thing a vendor reads.
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            self.recorder.print_summary(terminal)

@@ -18,6 +18,8 @@ else:  # pragma: no cover
 
 LEVELS = ("core", "standard", "full")
 ID_PATTERN = re.compile(r"^[A-Z]{2}-[A-Z0-9]+-\d{3}$")
+# A clause of a contract's statement: the contract ID and the clause's number.
+CLAUSE_PATTERN = re.compile(r"\b([A-Z]{2}-[A-Z0-9]+-\d{3})\.(\d+)\b")
 
 
 class RegistryError(ValueError):
@@ -51,10 +53,21 @@ class Contract:
     source: str
     features: tuple[str, ...] = ()
     retired: str | None = None
+    # The statement split into what can be decided separately: each "and",
+    # each entry point, each argument form. Clause k is "<id>.k" (from 1).
+    clauses: tuple[str, ...] = ()
+    decided_by: str = ""       # the observation that decides the contract
+    other_choices: str = ""    # why a conforming backend making other legitimate choices passes
+    # Clauses knowingly without a check or without a mutant, with the reason.
+    waive_check: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    waive_mutant: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def level_rank(self) -> int:
         return LEVELS.index(self.level)
+
+    def clause_ids(self) -> list[str]:
+        return [f"{self.id}.{k}" for k in range(1, len(self.clauses) + 1)]
 
 
 @dataclass
@@ -74,6 +87,14 @@ class Registry:
         """Active contracts of `level` and the levels below it."""
         rank = LEVELS.index(level)
         return [c for c in self.active() if c.level_rank <= rank]
+
+    def clause(self, clause_id: str) -> str:
+        """The text of clause `clause_id` (e.g. DM-SET-001.2)."""
+        contract_id, _, number = clause_id.partition(".")
+        contract = self.get(contract_id)
+        if not number.isdigit() or not 1 <= int(number) <= len(contract.clauses):
+            raise KeyError(f"unknown clause {clause_id!r}")
+        return contract.clauses[int(number) - 1]
 
     def get(self, contract_id: str) -> Contract:
         try:
@@ -114,7 +135,8 @@ def load(path: str | Path) -> Registry:
             raise RegistryError(f"{path}: {where}: ID must look like 'DM-SET-001'")
         if contract_id in registry.contracts:
             raise RegistryError(f"{path}: {where}: duplicate ID")
-        unknown = set(entry) - {"id", "area", "level", "statement", "source", "features", "retired"}
+        unknown = set(entry) - {"id", "area", "level", "statement", "source", "features", "retired", "clauses",
+                                "decided_by", "other_choices", "waive_check", "waive_mutant"}
         if unknown:
             raise RegistryError(f"{path}: {where}: unknown keys {sorted(unknown)}")
         area, level = need(entry, "area", where), need(entry, "level", where)
@@ -126,6 +148,19 @@ def load(path: str | Path) -> Registry:
         for feature in contract_features:
             if feature not in features:
                 raise RegistryError(f"{path}: {where}: unknown feature {feature!r}")
+        clauses = tuple(entry.get("clauses", ()))
+        if not all(isinstance(c, str) and c.strip() for c in clauses):
+            raise RegistryError(f"{path}: {where}: clauses must be non-empty strings")
+        waivers = {}
+        for key in ("waive_check", "waive_mutant"):
+            table = entry.get(key, {})
+            for number, reason in table.items():
+                if not (str(number).isdigit() and 1 <= int(number) <= len(clauses)):
+                    raise RegistryError(f"{path}: {where}: {key} names clause {number}, but the contract "
+                                        f"has clauses 1..{len(clauses)}")
+                if not str(reason).strip():
+                    raise RegistryError(f"{path}: {where}: {key} for clause {number} needs a reason")
+            waivers[key] = {f"{contract_id}.{number}": str(reason) for number, reason in table.items()}
         registry.contracts[contract_id] = Contract(
             id=contract_id,
             area=area,
@@ -134,6 +169,11 @@ def load(path: str | Path) -> Registry:
             source=need(entry, "source", where),
             features=contract_features,
             retired=entry.get("retired"),
+            clauses=clauses,
+            decided_by=entry.get("decided_by", ""),
+            other_choices=entry.get("other_choices", ""),
+            waive_check=waivers["waive_check"],
+            waive_mutant=waivers["waive_mutant"],
         )
     return registry
 

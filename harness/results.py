@@ -7,8 +7,8 @@ controller (workers only run tests).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
+import re
 import shlex
 import time
 import warnings
@@ -19,6 +19,7 @@ import pytest
 
 from privateuse1_conformance.reports import model
 from privateuse1_conformance.reports.model import Verdict
+from privateuse1_conformance.reports.text import one_line
 
 from . import registry as registry_mod
 
@@ -30,6 +31,31 @@ MESSAGE_LIMIT = 8000
 # long compared with testing: then at most 1/WRITE_SHARE of the run's time.
 WRITE_SHARE = 20
 CLI = "privateuse1-conformance"
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+_SPACES = re.compile(r"\s+")
+CAUSE_LIMIT = 300
+
+
+def cause_of(error: BaseException) -> str:
+    """The underlying error of a failure, worded the same for every test it
+    breaks: the backend's exception (type and first line) when a check
+    wrapped one, else the exception itself. Addresses are blanked so that
+    one error raised for different objects groups as one cause."""
+    backend_error = error
+    while True:  # the innermost exception a check chained (must() raises from the backend's)
+        inner = backend_error.__cause__
+        if inner is None or isinstance(inner, (AssertionError, pytest.fail.Exception)):
+            break
+        backend_error = inner
+    if backend_error is not error or not isinstance(error, (AssertionError, pytest.fail.Exception)):
+        text = f"{type(backend_error).__name__}: {str(backend_error).strip()}"
+    else:
+        text = str(error).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    first = _SPACES.sub(" ", _ADDRESS.sub("0x…", first))
+    return first[:CAUSE_LIMIT]
 
 
 def _trim(text: str) -> str:
@@ -47,13 +73,43 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
         return getattr(report, "wasxfail", ""), ""
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]), ""
-    details = report.longreprtext
+    props = dict(report.user_properties)
+    details = props.get("details") or report.longreprtext
     crash = getattr(report.longrepr, "reprcrash", None)
-    message = crash.message if crash is not None else details.split("\n--- ", 1)[0]
-    message = message.removeprefix("Failed: ")  # pytest.fail's prefix says nothing
+    if props.get("message"):  # a check's Violation: its own words, without the exception's class
+        message = props["message"]
+    else:
+        message = crash.message if crash is not None else details.split("\n--- ", 1)[0]
+        # The prefixes of pytest.fail and of a plain assert say nothing.
+        message = message.removeprefix("Failed: ").removeprefix("AssertionError: ")
+    if props.get("note"):
+        message = f"{props['note']}: {message}"
     if verdict is Verdict.XFAIL:
         message = f"{getattr(report, 'wasxfail', '')} (expected; actual: {message})"
     return _trim(message), _trim(details)
+
+
+def rerun_options(session: ConformanceSession) -> list[str]:
+    """The `privateuse1-conformance run` options that reproduce this run's
+    setting (backend, manifest, expectations, level, time limit). The suite
+    is found by its package, so the command works from any folder; a vendor's
+    own manifest and expectations files are named by absolute path."""
+    cached = getattr(session, "_rerun_options", None)
+    if cached is not None:
+        return cached
+    from .plugin import DEFAULT_TIMEOUT  # not at the top: plugin imports this module
+
+    config = session.config
+    args = [CLI, "run", f"--backend={session.backend.requested}"]
+    for option in ("manifest", "expectations"):
+        if config.getoption(option):
+            args.append(f"--{option}={os.path.abspath(config.getoption(option))}")
+    if config.getoption("level"):
+        args.append(f"--level={config.getoption('level')}")
+    if session.timeout != DEFAULT_TIMEOUT:
+        args.append(f"--timeout={session.timeout:g}")
+    session._rerun_options = args
+    return args
 
 
 def contract_info(contract: registry_mod.Contract) -> model.ContractInfo:
@@ -86,28 +142,56 @@ class RunRecorder:
             return  # not a conformance test report
         verdict = Verdict(props["verdict"])
         contracts = [c for c in props.get("contracts", "").split(",") if c]
-        existing = self.tests.get(report.nodeid)
+        charges = {c: Verdict(v) for c, v in props.get("charges", {}).items()}
         message, details = _message(report, verdict)
-        if existing is None:
-            self.tests[report.nodeid] = model.TestResult(
-                nodeid=report.nodeid, contracts=contracts, verdict=verdict,
-                duration=report.duration, message=message, details=details,
-                rerun=self.session.rerun_command(report.nodeid),
-                expectation=props.get("expectation", ""),
-            )
-            return
-        existing.duration += report.duration
-        # A teardown pass must not hide a setup or call problem.
-        if verdict.severity > existing.verdict.severity:
-            existing.verdict = verdict
-            existing.message = message
-            existing.details = details
-            existing.expectation = props.get("expectation", existing.expectation)
+        test = self.tests.get(report.nodeid)
+        if test is None:
+            test = self.tests[report.nodeid] = model.TestResult(
+                nodeid=self.session.test_id(report.nodeid), contracts=contracts, verdict=verdict,
+                rerun=self.session.rerun_command(report.nodeid))
+        test.duration += report.duration
+        # The phase that went worst (a teardown pass must not hide a setup or
+        # call problem) gives the test its verdict and message.
+        if verdict.severity > test.verdict.severity or not (test.message or test.details):
+            test.verdict = verdict
+            test.message, test.details = message, details
+            test.expectation = props.get("expectation", test.expectation)
+            test.cause = props.get("cause", "")
+            test.clause = props.get("clause", "")
+            test.step = props.get("step", "")
+        # Per contract, likewise: the worst of the phases' charges.
+        for contract_id, (charge, text) in self._contract_outcomes(charges, verdict, message).items():
+            before = test.verdicts.get(contract_id)
+            if before is None or charge.severity > before.severity:
+                test.verdicts[contract_id] = charge
+                test.messages[contract_id] = text
+
+    @staticmethod
+    def _contract_outcomes(charges: dict[str, Verdict], verdict: Verdict,
+                           message: str) -> dict[str, tuple[Verdict, str]]:
+        """(verdict, message) per contract for one phase whose own verdict and
+        message are `verdict` and `message`."""
+        failed = next((c for c, v in charges.items()
+                       if v is verdict and (v.is_failure or v is Verdict.XFAIL)), None)
+        outcomes = {}
+        for contract_id, charge in charges.items():
+            if charge is verdict:
+                text = message
+            elif charge is Verdict.INCONCLUSIVE and failed:
+                text = (f"no evidence: the test stopped at a {verdict.value} charged to {failed} "
+                        "before this contract's checks were done")
+            elif charge is Verdict.NOT_CLAIMED:
+                text = "not claimed: the backend does not claim a feature this contract needs"
+            else:
+                text = ""
+            outcomes[contract_id] = (charge, text)
+        return outcomes
 
     def build(self) -> list[model.ContractResult]:
         registry = self.session.registry
         by_contract: dict[str, list[model.TestResult]] = defaultdict(list)
         for test in self.tests.values():
+            test = test.compacted()  # a copy: the recording goes on merging into the full entries
             for contract_id in test.contracts:
                 by_contract[contract_id].append(test)
         results = []
@@ -120,23 +204,8 @@ class RunRecorder:
 
     def contract_rerun_command(self, contract_id: str) -> str:
         """A command that reruns the installed suite's tests of one contract,
-        from any folder (paths made absolute)."""
-        return shlex.join([*self._rerun_options, f"--contract={contract_id}"])
-
-    @functools.cached_property
-    def _rerun_options(self) -> list[str]:
-        from .plugin import DEFAULT_TIMEOUT  # not at the top: plugin imports this module
-
-        config = self.session.config
-        args = [CLI, "run", f"--backend={self.session.backend.requested}"]
-        for option in ("manifest", "expectations"):
-            if config.getoption(option):
-                args.append(f"--{option}={os.path.abspath(config.getoption(option))}")
-        if config.getoption("level"):
-            args.append(f"--level={config.getoption('level')}")
-        if self.session.timeout != DEFAULT_TIMEOUT:
-            args.append(f"--timeout={self.session.timeout:g}")
-        return args
+        from any folder."""
+        return shlex.join([*rerun_options(self.session), f"--contract={contract_id}"])
 
     def optional_features(self) -> set[str]:
         return {f.name for f in self.session.registry.features.values() if f.optional}
@@ -210,56 +279,24 @@ class RunRecorder:
     def stale_expectations(self) -> list[str]:
         stale = []
         for contract_id in self.session.expectations:
-            verdicts = [t.verdict for t in self.tests.values() if contract_id in t.contracts]
+            verdicts = [t.verdict_for(contract_id) for t in self.tests.values() if contract_id in t.contracts
+                        and t.verdict_for(contract_id) is not Verdict.INCONCLUSIVE]
             if verdicts and all(v in (Verdict.PASS, Verdict.XPASS) for v in verdicts):
                 stale.append(contract_id)
         return stale
 
-    def print_summary(self, terminal) -> None:
+    def print_details(self, terminal) -> None:
+        """What precedes pytest's own short summary: shared root causes,
+        contracts without tests, stale expectations, warnings."""
         if self.is_worker or not self.results:
             return
         session = self.session
-        backend = session.backend
-        terminal.section(f"PrivateUse1 conformance: {backend.name}", sep="=")
-        terminal.line(
-            f"backend {backend.requested!r} (module {backend.module_name}"
-            + (f" {backend.version}" if backend.version else "")
-            + f"), device type {backend.device_type!r}, {session.device_count} device(s)"
-        )
-        verdict_columns = [v for v in Verdict]
-        counts: dict[str, Counter] = defaultdict(Counter)
-        for result in self.results:
-            verdict = result.verdict
-            # No result: either no test declares the contract, or its tests
-            # were not selected (--contract, -k, --level).
-            missing = "no test" if result.contract.id not in session.covered else "not run"
-            counts[result.contract.area][verdict.value if verdict else missing] += 1
-        # Only the verdicts that occur (pass always), so the table stays narrow.
-        seen = {v for area_counts in counts.values() for v in area_counts}
-        columns = [c for c in [v.value for v in verdict_columns] + ["not run", "no test"]
-                   if c == "pass" or c in seen]
-        terminal.line(f"{'area':<18}" + "".join(f"{c:>12}" for c in columns))
-        for area in session.registry.areas:
-            if area in counts:
-                terminal.line(f"{area:<18}" + "".join(f"{counts[area][c]:>12}" for c in columns))
-        claimed = backend.manifest.claims
-        terminal.line("")
-        terminal.line(
-            f"Level reached: {self.reached or 'none'}"
-            + (f" (claimed: {claimed})" if claimed else "")
-            + f"; contracts checked up to: {session.level}"
-        )
-        for level in model.LEVELS[: model.LEVELS.index(session.level) + 1]:
-            if self.reached and model.LEVELS.index(level) <= model.LEVELS.index(self.reached):
-                continue
-            blocking = model.blocking_contracts(self.results, self.optional_features(), level)
-            shown = ", ".join(
-                f"{r.contract.id} ({r.verdict.value if r.verdict else 'not run' if r.contract.id in session.covered else 'no test'})"
-                for r in blocking[:12]
-            )
-            more = f" and {len(blocking) - 12} more" if len(blocking) > 12 else ""
-            terminal.line(f"Blocking {level}: {shown}{more}")
-            break
+        causes = model.root_causes(self.results)
+        if causes:
+            terminal.section("PrivateUse1 conformance: shared root causes", sep="-")
+            for group in causes:
+                terminal.line(f"{group.verdict.value}, {len(group.tests)} tests ({', '.join(group.contracts)}): "
+                              f"{group.cause}", red=group.verdict.is_failure)
         uncovered = [c.id for c in session.registry.up_to(session.level) if c.id not in session.covered]
         if uncovered:
             terminal.line(f"Contracts without any test: {', '.join(uncovered)}", red=True)
@@ -270,3 +307,62 @@ class RunRecorder:
             terminal.line(
                 "Warning: the backend was already initialized after import; every test ran in a "
                 "process forked from an initialized backend.", yellow=True)
+
+    def print_summary(self, terminal) -> None:
+        """The last thing on the terminal: the verdict table, the level and
+        every contract that blocks the next level, each with its message."""
+        if self.is_worker or not self.results:
+            return
+        session = self.session
+        backend = session.backend
+        terminal.section(f"PrivateUse1 conformance: {backend.name}", sep="=")
+        terminal.line(
+            f"backend {backend.requested!r} (module {backend.module_name}"
+            + (f" {backend.version}" if backend.version else "")
+            + f"), device type {backend.device_type!r}, {session.device_count} device(s)"
+        )
+        counts: dict[str, Counter] = defaultdict(Counter)
+        not_run = []
+        for result in self.results:
+            verdict = result.verdict
+            # No result: either no test declares the contract, or its tests
+            # were not selected (--contract, --test, -k, --level).
+            if verdict is None and result.contract.id in session.covered:
+                not_run.append(result.contract.id)
+            missing = "no test" if result.contract.id not in session.covered else "not run"
+            counts[result.contract.area][verdict.value if verdict else missing] += 1
+        # Only the verdicts that occur (pass always), so the table stays narrow.
+        seen = {v for area_counts in counts.values() for v in area_counts}
+        columns = [c for c in [v.value for v in Verdict] + ["not run", "no test"] if c == "pass" or c in seen]
+        width = max(12, *(len(c) + 2 for c in columns))
+        terminal.line(f"{'area':<18}" + "".join(f"{c:>{width}}" for c in columns))
+        for area in session.registry.areas:
+            if area in counts:
+                terminal.line(f"{area:<18}" + "".join(f"{counts[area][c]:>{width}}" for c in columns))
+        claimed = backend.manifest.claims
+        terminal.line("")
+        if self.report_dir:
+            terminal.line(f"Reports: {os.path.abspath(self.report_dir)}")
+        if not_run:
+            terminal.line(f"Partial run: {len(not_run)} contract(s) were not selected; the level below "
+                          "counts them as not satisfied.", yellow=True)
+        terminal.line(
+            f"Level reached: {self.reached or 'none'}"
+            + (f" (claimed: {claimed})" if claimed else "")
+            + f"; contracts checked up to: {session.level}"
+        )
+        for level in model.LEVELS[: model.LEVELS.index(session.level) + 1]:
+            if self.reached and model.LEVELS.index(level) <= model.LEVELS.index(self.reached):
+                continue
+            blocking = [r for r in model.blocking_contracts(self.results, self.optional_features(), level)
+                        if r.contract.id not in not_run]
+            if not blocking:
+                break
+            terminal.line(f"Blocking {level} ({len(blocking)}):")
+            for r in blocking:
+                verdict = r.verdict.value if r.verdict else "no test"
+                message = next((t.message_for(r.contract.id) for t in r.tests
+                                if r.verdict and t.verdict_for(r.contract.id) is r.verdict), "")
+                terminal.line(f"  {r.contract.id:<14} {verdict:<13} {one_line(message, 160)}",
+                              red=bool(r.verdict and r.verdict.is_failure))
+            break

@@ -19,12 +19,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .model import LEVELS, ContractInfo, ContractResult, Provenance, Run, TestResult, Verdict, contract_satisfied
+from .model import (LEVELS, ContractInfo, ContractResult, Provenance, Run, TestResult, Verdict, contract_satisfied,
+                    root_causes)
 from .text import map_strings
 
 FORMAT = "privateuse1-conformance-report"
-FORMAT_VERSION = 1
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / f"report-{FORMAT_VERSION}.schema.json"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)   # older documents are read (diff, render), never written
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
+SCHEMA_PATH = SCHEMA_DIR / f"report-{FORMAT_VERSION}.schema.json"
 DIGEST_ALGORITHM = "sha256"
 NO_TEST = "no-test"  # the verdict of a contract none of whose tests ran
 VERDICTS = [v.value for v in Verdict] + [NO_TEST]
@@ -51,22 +54,28 @@ def _count(verdicts: list[str]) -> dict[str, int]:
 
 # ------------------------------------------------------------- model -> document
 
-def _test_document(test: TestResult) -> dict[str, Any]:
+def _test_document(test: TestResult, contract: str) -> dict[str, Any]:
+    """A test as evidence about `contract`: its verdict and message are the
+    ones it gave that contract (a test checking several contracts appears
+    under each, with what it showed about each)."""
     return {
         "nodeid": test.nodeid,
         "contracts": list(test.contracts),
-        "verdict": test.verdict.value,
+        "verdict": test.verdict_for(contract).value,
         "duration_ms": _ms(test.duration),
-        "message": test.message,
+        "message": test.message_for(contract),
         "details": test.details,
         "rerun": test.rerun,
         "expectation": test.expectation,
+        "cause": test.cause,
+        "clause": test.clause,
+        "step": test.step,
     }
 
 
 def _contract_document(result: ContractResult, optional: set[str]) -> dict[str, Any]:
-    tests = [_test_document(t) for t in result.tests]
     info = result.contract
+    tests = [_test_document(t, info.id) for t in result.tests]
     verdict = result.verdict
     return {
         "id": info.id, "area": info.area, "level": info.level, "statement": info.statement,
@@ -75,7 +84,7 @@ def _contract_document(result: ContractResult, optional: set[str]) -> dict[str, 
         "verdict": _verdict_name(verdict),
         "satisfied": contract_satisfied(result, optional),
         # The message of the (first) test that gave the contract its verdict.
-        "message": next((t.message for t in result.tests if t.verdict is verdict), ""),
+        "message": next((t.message_for(info.id) for t in result.tests if t.verdict_for(info.id) is verdict), ""),
         "rerun": result.rerun,
         "duration_ms": sum(t["duration_ms"] for t in tests),
         "tests": tests,
@@ -113,7 +122,13 @@ def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
     every test, so nothing is computed twice)."""
     reached = run.level_reached
     areas = list(dict.fromkeys(c["area"] for c in contracts))  # registry order
-    tests = {t["nodeid"]: t for c in contracts for t in c["tests"]}  # a test may check several contracts
+    # A test may check several contracts: its own verdict is the worst it gave any.
+    tests: dict[str, str] = {}
+    for contract in contracts:
+        for test in contract["tests"]:
+            before = tests.get(test["nodeid"])
+            if before is None or Verdict(test["verdict"]).severity > Verdict(before).severity:
+                tests[test["nodeid"]] = test["verdict"]
     levels = []
     for rank, level in enumerate(LEVELS):
         levels.append({
@@ -127,13 +142,17 @@ def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
         "level_reached": reached,
         "claimed_level": run.claimed_level,
         **_group_summary(contracts),
-        "test_verdicts": _count([t["verdict"] for t in tests.values()]),
+        "test_verdicts": _count(list(tests.values())),
         "levels": levels,
         "areas": [{"area": area, **_group_summary([c for c in contracts if c["area"] == area])} for area in areas],
         "unclaimed_features": list(run.unclaimed_features),
         "optional_features": list(run.optional_features),
         "uncovered": list(run.uncovered),
         "stale_expectations": list(run.stale_expectations),
+        "root_causes": [
+            {"cause": group.cause, "verdict": group.verdict.value, "tests": group.tests, "contracts": group.contracts}
+            for group in root_causes(run.contracts)
+        ],
     }
 
 
@@ -166,19 +185,33 @@ def from_document(document: dict[str, Any]) -> Run:
     provenance["duration_s"] = provenance.pop("duration_ms") / 1000
     info_fields = [f.name for f in dataclasses.fields(ContractInfo)]
     contracts = []
+    tests_by_id: dict[str, TestResult] = {}  # one object per test, whatever contracts it checked
     for entry in document["contracts"]:
-        tests = [
-            TestResult(
-                nodeid=t["nodeid"], contracts=list(t["contracts"]), verdict=Verdict(t["verdict"]),
-                duration=t["duration_ms"] / 1000, message=t["message"], details=t["details"],
-                rerun=t["rerun"], expectation=t["expectation"],
-            )
-            for t in entry["tests"]
-        ]
-        contracts.append(ContractResult(
+        tests = []
+        for t in entry["tests"]:
+            test = tests_by_id.get(t["nodeid"])
+            if test is None:
+                test = tests_by_id[t["nodeid"]] = TestResult(
+                    nodeid=t["nodeid"], contracts=list(t["contracts"]), verdict=Verdict(t["verdict"]),
+                    duration=t["duration_ms"] / 1000, message=t["message"], details=t["details"],
+                    rerun=t["rerun"], expectation=t["expectation"], cause=t.get("cause", ""),
+                    clause=t.get("clause", ""), step=t.get("step", ""))
+            verdict = Verdict(t["verdict"])
+            test.verdicts[entry["id"]] = verdict
+            test.messages[entry["id"]] = t["message"]
+            if verdict.severity > test.verdict.severity:
+                test.verdict, test.message = verdict, t["message"]
+            tests.append(t["nodeid"])
+        contracts.append((entry, tests))
+    compact = {nodeid: test.compacted() for nodeid, test in tests_by_id.items()}
+    contracts = [
+        ContractResult(
             contract=ContractInfo(**{name: entry[name] for name in info_fields}),
-            tests=tests, unclaimed_features=list(entry["unclaimed_features"]), rerun=entry["rerun"],
-        ))
+            tests=[compact[nodeid] for nodeid in tests], unclaimed_features=list(entry["unclaimed_features"]),
+            rerun=entry["rerun"],
+        )
+        for entry, tests in contracts
+    ]
     summary = document["summary"]
     return Run(
         provenance=Provenance(**provenance),
@@ -247,16 +280,20 @@ def load(path: str | Path) -> dict[str, Any]:
     return document
 
 
-@lru_cache(maxsize=1)
-def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+@lru_cache(maxsize=None)
+def schema(version: int = FORMAT_VERSION) -> dict[str, Any]:
+    return json.loads((SCHEMA_DIR / f"report-{version}.schema.json").read_text(encoding="utf-8"))
 
 
 def schema_problems(document: dict[str, Any]) -> list[str]:
-    """Every violation of the published schema, as 'where: what' lines."""
+    """Every violation of the published schema of the document's format
+    version, as 'where: what' lines."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
+    version = document.get("format_version")
+    if version not in READABLE_VERSIONS:
+        return [f"schema: format_version: {version!r} is not one this kit reads ({READABLE_VERSIONS})"]
+    validator = jsonschema.Draft202012Validator(schema(version))
     problems = []
     for error in sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path))):
         where = "/".join(str(p) for p in error.absolute_path) or "(document)"

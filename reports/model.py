@@ -7,7 +7,7 @@ them in. This module imports nothing from the kit and nothing from pytest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 LEVELS = ("core", "standard", "full")
@@ -25,6 +25,9 @@ class Verdict(str, Enum):
     XFAIL = "xfail"          # failed, as the expectations file says it would
     XPASS = "xpass"          # passed although the expectations file says it fails
     SKIP = "skip"            # could not run here (reason given)
+    INCONCLUSIVE = "inconclusive"  # no evidence about the contract: the test stopped at another
+                                   # contract's failure first, or needs what the backend lacks
+
 
     @property
     def severity(self) -> int:
@@ -43,14 +46,15 @@ class Verdict(str, Enum):
 
 _SEVERITY = {
     Verdict.PASS: 0,
-    Verdict.XPASS: 1,
-    Verdict.SKIP: 2,
-    Verdict.NOT_CLAIMED: 3,
-    Verdict.XFAIL: 4,
-    Verdict.ERROR: 5,
-    Verdict.FAIL: 6,
-    Verdict.HANG: 7,
-    Verdict.CRASH: 8,
+    Verdict.INCONCLUSIVE: 1,   # within one test: worse than a pass (the checks did not all run)
+    Verdict.XPASS: 2,
+    Verdict.SKIP: 3,
+    Verdict.NOT_CLAIMED: 4,
+    Verdict.XFAIL: 5,
+    Verdict.ERROR: 6,
+    Verdict.FAIL: 7,
+    Verdict.HANG: 8,
+    Verdict.CRASH: 9,
 }
 
 
@@ -60,15 +64,41 @@ def worst(verdicts: list[Verdict]) -> Verdict | None:
 
 @dataclass
 class TestResult:
+    """One test. A test may check several contracts; its evidence about each
+    is `verdict_for(contract)`: a failure is charged to the one contract
+    whose check failed, and the others get what the test showed about them
+    (a pass, or inconclusive when it stopped before their checks ran)."""
+
     nodeid: str
     contracts: list[str]
-    verdict: Verdict
+    verdict: Verdict         # the test's own verdict: the worst of its contracts'
     duration: float = 0.0
     message: str = ""        # what went wrong, in one line or a few: the assertion, the
                              # exception, the crash signal, the hang timeout, the skip reason
     details: str = ""        # the full report: traceback, crash output, thread dump
     rerun: str = ""          # a command that reruns just this test
     expectation: str = ""    # the expectations file's reason, when it applied
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # per contract, where not `verdict`
+    messages: dict[str, str] = field(default_factory=dict)      # per contract, where not `message`
+    cause: str = ""          # the underlying error, the same text for every test it broke
+    clause: str = ""         # the clause of the statement whose check failed (e.g. DM-SET-001.2)
+    step: str = ""           # where in a multi-step test it happened (a state machine's rule and step)
+
+    def verdict_for(self, contract: str) -> Verdict:
+        return self.verdicts.get(contract, self.verdict)
+
+    def message_for(self, contract: str) -> str:
+        return self.messages.get(contract, self.message)
+
+    def compacted(self) -> TestResult:
+        """A copy whose per-contract entries are only those that differ from
+        the test's own verdict and message (the canonical form)."""
+        verdicts, messages = {}, {}
+        for contract in self.contracts:
+            verdict, message = self.verdict_for(contract), self.message_for(contract)
+            if verdict is not self.verdict or message != self.message:
+                verdicts[contract], messages[contract] = verdict, message
+        return replace(self, verdicts=verdicts, messages=messages)
 
 
 @dataclass
@@ -90,8 +120,11 @@ class ContractResult:
 
     @property
     def verdict(self) -> Verdict | None:
-        """Worst verdict of the contract's tests; None if no test ran."""
-        return worst([t.verdict for t in self.tests])
+        """Worst verdict of the contract's tests, counting only the tests that
+        are evidence about it (inconclusive ones count only if all are);
+        None if no test ran."""
+        verdicts = [t.verdict_for(self.contract.id) for t in self.tests]
+        return worst([v for v in verdicts if v is not Verdict.INCONCLUSIVE] or verdicts)
 
 
 def contract_satisfied(result: ContractResult, optional_features: set[str]) -> bool:
@@ -140,6 +173,39 @@ def blocking_contracts(
         for r in results
         if LEVELS.index(r.contract.level) <= rank and not contract_satisfied(r, optional_features)
     ]
+
+
+@dataclass
+class RootCause:
+    """One underlying error and everything it broke."""
+
+    cause: str
+    verdict: Verdict             # the worst verdict it caused
+    tests: list[str]             # node IDs, in run order
+    contracts: list[str]         # the contracts those failures were charged to
+
+
+def root_causes(results: list[ContractResult], minimum: int = 2) -> list[RootCause]:
+    """Failures that share one cause (one missing kernel failing twenty
+    checks), largest group first: causes of at least `minimum` failing tests."""
+    groups: dict[str, RootCause] = {}
+    seen: set[tuple[str, str]] = set()
+    for result in results:
+        contract = result.contract.id
+        for test in result.tests:
+            verdict = test.verdict_for(contract)
+            if not verdict.is_failure or not test.cause:
+                continue
+            group = groups.setdefault(test.cause, RootCause(test.cause, verdict, [], []))
+            if (test.nodeid, test.cause) not in seen:
+                seen.add((test.nodeid, test.cause))
+                group.tests.append(test.nodeid)
+            if contract not in group.contracts:
+                group.contracts.append(contract)
+            if verdict.severity > group.verdict.severity:
+                group.verdict = verdict
+    shared = [g for g in groups.values() if len(g.tests) >= minimum]
+    return sorted(shared, key=lambda g: (-len(g.tests), -g.verdict.severity, g.cause))
 
 
 @dataclass

@@ -16,11 +16,12 @@ _UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e
 
 FAILING = ("fail", "error", "crash", "hang")
 # Display order (worst first) and colours, shared by HTML, badge and Markdown.
-VERDICT_ORDER = ("crash", "hang", "fail", "error", "no-test", "xfail", "not-claimed", "skip", "xpass", "pass")
+VERDICT_ORDER = ("crash", "hang", "fail", "error", "no-test", "inconclusive", "xfail", "not-claimed", "skip", "xpass",
+                 "pass")
 VERDICT_COLOURS = {
     "pass": "#2e7d32", "xpass": "#66bb6a", "skip": "#9e9e9e", "not-claimed": "#78909c",
     "xfail": "#f9a825", "error": "#ef6c00", "fail": "#c62828", "hang": "#6a1b9a",
-    "crash": "#000000", "no-test": "#bdbdbd",
+    "crash": "#000000", "no-test": "#bdbdbd", "inconclusive": "#8d6e63",
 }
 
 

@@ -35,7 +35,7 @@ def reference(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("reference")
     run = cli("run", "--backend", "openreg", "--report-dir", "out", cwd=folder)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "reports written to" in run.stdout
+    assert "Reports: " in run.stdout
     return folder / "out"
 
 

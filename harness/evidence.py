@@ -1,0 +1,132 @@
+"""Which contract a piece of evidence is evidence about.
+
+A test may check several contracts (a state machine, a stress run, an
+entry point that is both a device-management rule and a bad-input rule).
+Its failure must be charged to the contract whose statement the backend
+broke, never to every contract the test lists. Three mechanisms do that:
+
+* ``Violation``: the exception a check raises (conformance/_helpers.py's
+  ``check``); it names its contract and the clause of the statement.
+* ``scope(contract, step)``: everything that happens inside is evidence
+  about ``contract``. An exception leaving the scope is tagged with it, and
+  in a forked test the parent is told which scope is open (``announce``),
+  so that a crash or a hang inside it is charged to that contract only.
+* Anything untagged is charged to the test's *primary* contract: the first
+  one its ``@pytest.mark.contract(...)`` names.
+
+``Inconclusive`` is the outcome of a test that is no evidence about a
+contract: it needs a feature the backend does not have (two devices), or
+what it would observe does not exist on this backend. It never counts for or
+against the contract; a contract whose tests are all inconclusive is not
+satisfied.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+CONTRACT_TAG = "_pu1_contract"
+CLAUSE_TAG = "_pu1_clause"
+STEP_TAG = "_pu1_step"
+SCOPE_MESSAGE = "$scope"
+
+
+class Violation(AssertionError):
+    """A check found the backend breaking `contract` (clause `clause`)."""
+
+    def __init__(self, message: str, contract: str | None = None, clause: str | None = None) -> None:
+        super().__init__(message)
+        if contract:
+            setattr(self, CONTRACT_TAG, contract)
+        if clause:
+            setattr(self, CLAUSE_TAG, clause)
+
+
+class Inconclusive(pytest.skip.Exception):
+    """The test is no evidence about its contract(s) here (the reason says why)."""
+
+
+def inconclusive(reason: str) -> None:
+    """End the test as no evidence (see Inconclusive)."""
+    __tracebackhide__ = True
+    raise Inconclusive(reason, allow_module_level=False)
+
+
+def contract_of(error: BaseException) -> str | None:
+    return getattr(error, CONTRACT_TAG, None)
+
+
+def clause_of(error: BaseException) -> str | None:
+    return getattr(error, CLAUSE_TAG, None)
+
+
+def step_of(error: BaseException) -> str | None:
+    return getattr(error, STEP_TAG, None)
+
+
+def tag(error: BaseException, contract: str, clause: str | None = None, step: str | None = None) -> None:
+    """Charge `error` to `contract` unless an inner scope or check already did."""
+    try:
+        if contract_of(error) is None:
+            setattr(error, CONTRACT_TAG, contract)
+            if clause:
+                setattr(error, CLAUSE_TAG, clause)
+        if step and step_of(error) is None:
+            setattr(error, STEP_TAG, step)
+    except (AttributeError, TypeError):  # an exception type without a __dict__: stays untagged
+        pass
+
+
+# ------------------------------------------------------------ open scopes
+
+# Scopes open in this process, innermost last (any thread: a crash is a
+# process-wide event, so the innermost scope entered anywhere is the best
+# account of what was being exercised).
+_scopes: list[tuple[str, str | None]] = []
+_lock = threading.Lock()
+_channel: Callable[[dict], None] | None = None   # sends a message to the parent of a forked test
+_channel_pid = 0   # the process the channel belongs to (a test's own forked children stay quiet)
+
+
+def set_channel(send: Callable[[dict], None] | None) -> None:
+    """In a forked test process: how to tell the parent which scope is open."""
+    global _channel, _channel_pid
+    _channel, _channel_pid = send, os.getpid()
+    _scopes.clear()
+
+
+def _announce() -> None:
+    if _channel is not None and os.getpid() == _channel_pid:
+        innermost = _scopes[-1] if _scopes else None
+        _channel({SCOPE_MESSAGE: list(innermost) if innermost else None})
+
+
+@contextmanager
+def scope(contract: str, step: str | None = None, clause: str | None = None) -> Iterator[None]:
+    """Everything inside is evidence about `contract` (see the module's doc)."""
+    with _lock:
+        _scopes.append((contract, step))
+        _announce()
+    try:
+        yield
+    except BaseException as error:
+        tag(error, contract, clause, step)
+        raise
+    finally:
+        with _lock:
+            # Remove this scope even if an inner one leaked (a thread still in it).
+            for index in range(len(_scopes) - 1, -1, -1):
+                if _scopes[index] == (contract, step):
+                    del _scopes[index]
+                    break
+            _announce()
+
+
+def open_scope() -> tuple[str, str | None] | None:
+    """The innermost open scope of this process (for the in-process runner)."""
+    return _scopes[-1] if _scopes else None

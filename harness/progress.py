@@ -1,0 +1,124 @@
+"""Telling a hung test from a slow one.
+
+A test that runs past its time limit is not hung if it is still making
+progress: on a machine loaded by other processes everything takes longer.
+So the limit (``--contract-timeout``) only starts the watch; the verdict
+hang needs evidence that the test stopped advancing:
+
+* **blocked**: over the last window (a quarter of the time limit) the
+  test's processes (its process group: the test process, its threads and any
+  processes it started) used less than 1 % of one CPU. A deadlock, a wait for
+  an event that never comes, or a sleep that never ends.
+
+A test that uses the CPU is given another window, and another, up to
+``HARD_LIMIT`` times its time limit, after which it is a hang whatever it
+does: a busy loop inside a backend call, an endless loop, or a test so slow
+that it is indistinguishable from one.
+
+Why CPU time and not the stacks: a busy loop inside one backend call and a
+legitimate loop that spends most of its time on one line (a thousand calls
+of the same operator) give the same stack samples, so stacks cannot tell a
+spin from progress without failing correct backends. They are sampled all the
+same (faulthandler's periodic dumps, written by the test process to a file
+of its own) because they say where a hung test was stuck. CPU times come
+from ``/proc/<pid>/stat``. Neither costs anything while a test is within its
+limit.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+from dataclasses import dataclass
+
+WINDOWS_PER_LIMIT = 4        # the progress window: a quarter of the time limit
+HARD_LIMIT = 4               # a test that keeps advancing is stopped at 4x its limit
+CPU_FLOOR = 0.01             # below 1 % of one CPU over a window: no progress
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_DUMP_HEADER = re.compile(r"^Timeout \([0-9:.]+\)!\n", re.MULTILINE)
+
+
+def window(timeout: float) -> float:
+    return timeout / WINDOWS_PER_LIMIT
+
+
+_dump_file = None  # open for the life of the test process: faulthandler writes to its descriptor
+
+
+def start_stack_dumps(path: str, timeout: float) -> None:
+    """Test process side: dump every thread's stack to `path` twice per window."""
+    global _dump_file
+    _dump_file = open(path, "w")
+    faulthandler.dump_traceback_later(window(timeout) / 2, repeat=True, file=_dump_file)
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # Fields after the command name, which is in parentheses and may hold anything.
+    return text[text.rfind(")") + 2:].split()
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    # utime, stime, cutime, cstime: fields 14 to 17 of proc(5), 12 to 15 here.
+    return sum(int(f) for f in fields[11:15]) / _TICKS
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds used by the processes of process group `pgid` (and the
+    children they reaped)."""
+    total = 0.0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat(int(entry))
+        if fields and int(fields[2]) == pgid:  # pgrp is field 5 of proc(5)
+            total += _cpu_seconds(fields)
+    return total
+
+
+def last_dump(path: str) -> tuple[int, str]:
+    """(how many stack dumps `path` holds, the text of the last complete one)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return 0, ""
+    headers = list(_DUMP_HEADER.finditer(text))
+    if not headers:
+        return 0, ""
+    last = text[headers[-1].end():]
+    # A dump being written right now is cut short: then use the one before.
+    if len(headers) > 1 and not last.endswith("\n\n") and not last.endswith("\n"):
+        last = text[headers[-2].end():headers[-1].start()]
+    return len(headers), last.strip()
+
+
+@dataclass
+class Sample:
+    time: float          # monotonic seconds
+    group_cpu: float     # CPU seconds of the test's process group
+
+
+def sample(pid: int, now: float) -> Sample:
+    return Sample(now, group_cpu(pid))
+
+
+def stalled(before: Sample, after: Sample) -> str | None:
+    """Why the test made no progress between two samples, or None if it did."""
+    span = after.time - before.time
+    if span <= 0:
+        return None
+    used = after.group_cpu - before.group_cpu
+    if used < CPU_FLOOR * span:
+        return (f"blocked: its processes used {used:.2f} s of CPU in the last {span:.0f} s "
+                "(waiting for something that does not happen)")
+    return None
