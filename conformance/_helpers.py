@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from privateuse1_conformance.harness.evidence import Inconclusive, Violation, inconclusive, scope  # noqa: F401
 
@@ -101,3 +102,114 @@ def require_allocator(cxx) -> None:
     if not cxx.allocator_registered():
         raise Violation("no allocator is registered for PrivateUse1 (c10::SetAllocator or REGISTER_ALLOCATOR): "
                         "torch.UntypedStorage(n, device=...) would dereference a null allocator and crash")
+
+
+# ---------------------------------------------------------------- messages
+
+
+def names_number(message: str, number: int) -> bool:
+    """Whether `message` names the integer `number` (not as part of another number)."""
+    return bool(re.search(rf"(?<![\d.]){re.escape(str(number))}(?!\d)", message))
+
+
+def names_range(message: str, count: int) -> bool:
+    """Whether `message` names the device count or the valid range of indices:
+    '2', '[0, 2)', '0..1', '0 to 1', '0-1'."""
+    return bool(re.search(rf"(?<![\d.-]){count}(?!\d)", message)
+                or re.search(rf"0\s*(\.\.|to|-)\s*{count - 1}(?!\d)", message))
+
+
+def rejects_index(contract: str, call: Callable[[], Any], what: str, index: int, count: int,
+                  exceptions: tuple[type[BaseException], ...] = (RuntimeError, ValueError, IndexError)) -> None:
+    """`call` must reject device index `index` (of `count` devices) with one of
+    `exceptions`, in a message naming the index and the count or valid range."""
+    __tracebackhide__ = True
+    with scope(contract):
+        error = must_raise(call, what, exceptions)
+    message = str(error)
+    check(contract, names_number(message, index),
+          lambda: f"{what} raised {type(error).__name__} as required, but its message does not name the "
+                  f"index {index}: {message!r}")
+    check(contract, names_range(message, count),
+          lambda: f"{what} raised {type(error).__name__} as required, but its message names neither the device "
+                  f"count {count} nor the valid range [0, {count}): {message!r}")
+
+
+# ------------------------------------------------------------- observations
+
+
+def current_devices(mod, cxx) -> dict[str, int]:
+    """The current device as the module, torch.accelerator and the guard report
+    it. (The hooks' getCurrentDevice is compared with these by HK-DEV-001 only,
+    so that a hooks bug is charged there and nowhere else.)"""
+    return {
+        "module current_device()": must(mod.current_device, "the module's current_device()"),
+        "torch.accelerator.current_device_index()": must(
+            torch.accelerator.current_device_index, "torch.accelerator.current_device_index()"),
+        "guard getDevice()": must(cxx.guard_get_device, "the guard's getDevice()")[1],
+    }
+
+
+def expect_current(contract: str, mod, cxx, expected: int, after: str) -> None:
+    """Every layer reports `expected` as the current device (charged to `contract`)."""
+    __tracebackhide__ = True
+    with scope(contract):
+        seen = current_devices(mod, cxx)
+    wrong = {k: v for k, v in seen.items() if v != expected}
+    check(contract, not wrong, lambda: f"after {after}, the current device should be {expected} everywhere, "
+                                       f"but {wrong}")
+
+
+class InitState:
+    """What can be seen from outside of whether the backend was initialized:
+    the module's is_initialized() (if it has one) and, per device, the hooks'
+    hasPrimaryContext. A layer that cannot answer is left out (that is
+    another contract's business); with no layer answering, nothing can be
+    concluded (the check is inconclusive rather than failed)."""
+
+    def __init__(self, mod, cxx, n: int) -> None:
+        self.initialized: bool | None = None
+        is_initialized = getattr(mod, "is_initialized", None)
+        if callable(is_initialized):
+            try:
+                self.initialized = bool(is_initialized())
+            except Exception:  # noqa: BLE001 - DM-COUNT-003 decides whether it may raise
+                self.initialized = None
+        self.contexts: list[int] | None = []
+        for i in range(n):
+            try:
+                if cxx.hooks_has_primary_context(i):
+                    self.contexts.append(i)
+            except Exception:  # noqa: BLE001 - HK-CTX-001 decides
+                self.contexts = None
+                break
+
+    def __str__(self) -> str:
+        parts = []
+        if self.initialized is not None:
+            parts.append(f"is_initialized() {self.initialized}")
+        if self.contexts is not None:
+            parts.append(f"primary contexts on {self.contexts or 'no device'}")
+        return ", ".join(parts) or "nothing observable"
+
+    def observable(self) -> bool:
+        return self.initialized is not None or self.contexts is not None
+
+
+def initialized_by(contract: str, call: Callable[[], Any], what: str, mod, cxx, n: int) -> Any:
+    """Run `call` and check, against a baseline taken just before it, that it
+    initialized nothing: is_initialized() did not turn True and no device got
+    a primary context it did not have. Returns what `call` returned."""
+    __tracebackhide__ = True
+    before = InitState(mod, cxx, n)
+    result = call()
+    after = InitState(mod, cxx, n)
+    if not (before.observable() and after.observable()):
+        inconclusive(f"whether {what} initializes the backend cannot be observed: the module has no working "
+                     "is_initialized() and the hooks' hasPrimaryContext does not answer")
+    became = after.initialized and before.initialized is False
+    new = sorted(set(after.contexts or ()) - set(before.contexts or ())) if after.contexts is not None \
+        and before.contexts is not None else []
+    check(contract, not became and not new,
+          lambda: f"{what} initialized the backend: before the call {before}; after it {after}")
+    return result

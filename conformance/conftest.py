@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from privateuse1_conformance.harness.evidence import inconclusive
+
 SESSION_PLUGIN = "privateuse1-conformance-session"
 
 
@@ -54,6 +56,12 @@ def mod(backend, dt):
 
 
 @pytest.fixture(scope="session")
+def unclaimed(session) -> frozenset[str]:
+    """Features the backend does not have (declared absent, or implied by one device)."""
+    return frozenset(session.unclaimed)
+
+
+@pytest.fixture(scope="session")
 def n(session) -> int:
     """The backend's device count, as its module reports it."""
     return session.device_count
@@ -68,10 +76,11 @@ def _needs_a_device(request, n) -> None:
 
 @pytest.fixture
 def two_devices(n) -> None:
-    """Tests that need two devices carry the multi-device feature; this is a
-    second line of defence for helpers that are used elsewhere."""
+    """Tests that need two devices carry @pytest.mark.requires("multi-device")
+    (the harness then does not run them on one device); this is a second line
+    of defence. With one device such a test is no evidence, never a failure."""
     if n < 2:
-        pytest.skip(f"needs 2 devices, the backend has {n}")
+        inconclusive(f"needs 2 devices, the backend has {n}")
 
 
 @pytest.fixture(scope="session")
@@ -84,15 +93,10 @@ def cxx():
 
 @pytest.fixture
 def instrument(backend):
-    """instrument(name) -> the backend's instrumentation function, or skip."""
+    """instrument(name) -> the backend's instrumentation function, or None.
+    Instrumentation only sharpens checks: none may depend on it."""
 
     def get(name: str):
-        function = backend.instrument(name)
-        if function is None:
-            pytest.skip(
-                f"needs instrumentation {name!r} (manifest 'instrumentation' module); "
-                "this rule is invisible from PyTorch's API"
-            )
-        return function
+        return backend.instrument(name)
 
     return get

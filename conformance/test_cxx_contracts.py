@@ -9,8 +9,9 @@ a noexcept method terminates the process) or a hang becomes a verdict. The
 suite name of a case is its contract ID with '_' for '-' (GD_DEV_001.X checks
 GD-DEV-001): a case whose suite is no registry ID fails collection.
 
-Rules that need the backend's instrumentation (GD-DEV-002: no redundant
-device switch) are checked here in Python around C++ probes.
+GD-DEV-002 (no redundant device switch) is checked here in Python around C++
+probes: its consequences are observed through PyTorch, and the switches
+themselves are counted where the backend offers instrumentation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 from privateuse1_conformance.conformance import _cxx
 
-from ._helpers import must
+from ._helpers import check, initialized_by, must, scope
 
 contract = pytest.mark.contract
 
@@ -53,46 +54,60 @@ def test_cxx(case):
 
 # ------------------------------------------------------------ GD-DEV-002
 
-GUARD_KINDS = ("DeviceGuard", "nested DeviceGuard", "OptionalDeviceGuard")
+DEVICE_GUARDS = ("DeviceGuard", "nested DeviceGuard", "OptionalDeviceGuard")
 REPEATS = 20
 
 
-def switches_during(count, call) -> int:
-    before = count()
-    call()
-    return count() - before
-
-
-def _check_no_switch(count, kinds, n) -> None:
-    for index in sorted({0, n - 1}):
-        must(lambda: _cxx.guard_set_device(index), f"the guard's setDevice({index})")
-        for kind in kinds:
-            # Warm up: lazy initialization, first streams, ... may switch.
-            must(lambda: _cxx.guard_current_device(kind, 1), f"a {kind} to the current device")
-            switched = switches_during(count, lambda: _cxx.guard_current_device(kind, REPEATS))
-            assert switched == 0, (
-                f"{REPEATS} {kind}s to the current device {index} made the runtime switch the "
-                f"device {switched} time(s): exchangeDevice() and uncheckedSetDevice() must skip "
-                f"the runtime's set-device call when the device is already current")
+def pytest_generate_tests(metafunc):
+    """guard_kind: the device guards, and StreamGuard where the backend claims streams."""
+    if "guard_kind" not in metafunc.fixturenames:
+        return
+    session = metafunc.config.pluginmanager.get_plugin("privateuse1-conformance-session")
+    kinds = list(DEVICE_GUARDS)
+    if session is None or "streams" not in session.unclaimed:
+        kinds.append("StreamGuard")
+    metafunc.parametrize("guard_kind", kinds)
 
 
 @contract("GD-DEV-002")
-def test_guarding_the_current_device_does_not_switch(instrument, n):
+def test_guarding_the_current_device_keeps_it_and_creates_no_context(mod, n):
+    """A redundant switch that reaches the runtime is visible where the
+    runtime creates a context on set-device (CUDA's cudaSetDevice does): in
+    a fresh process, guarding device 0 must leave every device without one."""
+    def guard_everything() -> None:
+        for kind in DEVICE_GUARDS:
+            with scope("GD-DEV-002.2"):
+                must(lambda: _cxx.guard_current_device(kind, REPEATS), f"{REPEATS} {kind}s to the current device 0")
+
+    initialized_by("GD-DEV-002.2", guard_everything, "guarding the current device 0 in a fresh process", mod, _cxx, n)
+
+
+@contract("GD-DEV-002")
+def test_guarding_the_current_device_switches_nothing(guard_kind, instrument, mod, n):
     count = instrument("device_switch_count")
-    if n >= 2:
+    if count is not None and n >= 2:
         # The counter must count, or "no switch" proves nothing.
         must(lambda: _cxx.guard_set_device(0), "the guard's setDevice(0)")
         must(lambda: _cxx.guard_other_device(1), "a DeviceGuard to device 1")
-        switched = switches_during(count, lambda: _cxx.guard_other_device(1))
-        assert switched >= 1, (
-            "the instrumentation's device_switch_count() did not change when a DeviceGuard "
-            f"switched from device 0 to device 1 and back ({switched}): it does not count switches")
-    _check_no_switch(count, GUARD_KINDS, n)
-
-
-@contract("GD-DEV-002")
-def test_stream_guard_on_the_current_device_does_not_switch(instrument, n, session):
-    if "streams" in session.unclaimed:
-        pytest.skip("the backend does not claim streams")
-    count = instrument("device_switch_count")
-    _check_no_switch(count, ("StreamGuard",), n)
+        before = count()
+        _cxx.guard_other_device(1)
+        check("GD-DEV-002.3", count() - before >= 1,
+              "the instrumentation's device_switch_count() did not change when a DeviceGuard switched from device 0 "
+              "to device 1 and back: it does not count switches")
+    for index in sorted({0, n - 1}):
+        with scope("GD-DEV-002.1"):
+            must(lambda: _cxx.guard_set_device(index), f"the guard's setDevice({index})")
+            # Warm up: lazy initialization, first streams, ... may switch.
+            must(lambda: _cxx.guard_current_device(guard_kind, 1), f"a {guard_kind} to the current device")
+        before = count() if count is not None else None
+        with scope("GD-DEV-002.1"):
+            must(lambda: _cxx.guard_current_device(guard_kind, REPEATS), f"{REPEATS} {guard_kind}s to device {index}")
+        check("GD-DEV-002.1", _cxx.guard_get_device()[1] == index and mod.current_device() == index,
+              f"after {REPEATS} {guard_kind}s to the current device {index}, the current device is "
+              f"{_cxx.guard_get_device()[1]} (guard) / {mod.current_device()} (module)")
+        if count is not None:
+            switched = count() - before
+            check("GD-DEV-002.3", switched == 0,
+                  f"{REPEATS} {guard_kind}s to the current device {index} made the runtime switch the device "
+                  f"{switched} time(s) (instrumentation device_switch_count()): exchangeDevice() and "
+                  "uncheckedSetDevice() must skip the runtime's set-device call when the device is already current")

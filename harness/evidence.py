@@ -84,10 +84,12 @@ def tag(error: BaseException, contract: str, clause: str | None = None, step: st
 
 # ------------------------------------------------------------ open scopes
 
-# Scopes open in this process, innermost last (any thread: a crash is a
-# process-wide event, so the innermost scope entered anywhere is the best
-# account of what was being exercised).
-_scopes: list[tuple[str, str | None]] = []
+# Scopes open in this process, per thread (threading.get_ident()), innermost
+# last. The parent of a forked test keeps the same map from the scope
+# messages, and charges a crash to the innermost scope of the thread that
+# crashed (faulthandler names it), a hang to the scope the blocked threads
+# agree on.
+_scopes: dict[int, list[tuple[str, str | None]]] = {}
 _lock = threading.Lock()
 _channel: Callable[[dict], None] | None = None   # sends a message to the parent of a forked test
 _channel_pid = 0   # the process the channel belongs to (a test's own forked children stay quiet)
@@ -100,18 +102,23 @@ def set_channel(send: Callable[[dict], None] | None) -> None:
     _scopes.clear()
 
 
-def _announce() -> None:
+def _announce(thread: int) -> None:
     if _channel is not None and os.getpid() == _channel_pid:
-        innermost = _scopes[-1] if _scopes else None
-        _channel({SCOPE_MESSAGE: list(innermost) if innermost else None})
+        stack = _scopes.get(thread)
+        innermost = list(stack[-1]) if stack else None
+        _channel({SCOPE_MESSAGE: {"thread": thread, "scope": innermost}})
 
 
 @contextmanager
-def scope(contract: str, step: str | None = None, clause: str | None = None) -> Iterator[None]:
-    """Everything inside is evidence about `contract` (see the module's doc)."""
+def scope(contract: str, step: str | None = None) -> Iterator[None]:
+    """Everything inside is evidence about `contract`: a contract ID, or a
+    clause of one (DM-SET-001.2). See the module's doc."""
+    contract, _, number = contract.partition(".")
+    clause = f"{contract}.{number}" if number else None
+    thread = threading.get_ident()
     with _lock:
-        _scopes.append((contract, step))
-        _announce()
+        _scopes.setdefault(thread, []).append((contract, step))
+        _announce(thread)
     try:
         yield
     except BaseException as error:
@@ -119,14 +126,7 @@ def scope(contract: str, step: str | None = None, clause: str | None = None) -> 
         raise
     finally:
         with _lock:
-            # Remove this scope even if an inner one leaked (a thread still in it).
-            for index in range(len(_scopes) - 1, -1, -1):
-                if _scopes[index] == (contract, step):
-                    del _scopes[index]
-                    break
-            _announce()
-
-
-def open_scope() -> tuple[str, str | None] | None:
-    """The innermost open scope of this process (for the in-process runner)."""
-    return _scopes[-1] if _scopes else None
+            _scopes[thread].pop()
+            if not _scopes[thread]:
+                del _scopes[thread]
+            _announce(thread)

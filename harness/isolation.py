@@ -99,17 +99,33 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _tail(path: str) -> str:
+def _read_end(path: str, size: int) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * OUTPUT_TAIL))  # room for a shortened module list
-            text = f.read().decode(errors="replace")
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _tail(path: str) -> str:
+    text = _read_end(path, 64 * OUTPUT_TAIL)  # room for a shortened module list
     text = _EXTENSION_LIST.sub(lambda m: m.group(1) + "[list omitted] " + (m.group(2) or ""), text)
     return text[-OUTPUT_TAIL:]
+
+
+_THREAD_BLOCK = re.compile(r"^Current thread (0x[0-9a-f]+)[^\n]*\n((?:  .*\n?)*)", re.MULTILINE)
+
+
+def _crashing_thread(path: str) -> tuple[int | None, str]:
+    """The thread faulthandler says crashed, and its stack, from the test
+    process's output (with many threads, the kept tail may not reach it)."""
+    matches = list(_THREAD_BLOCK.finditer(_read_end(path, 1 << 20)))
+    if not matches:
+        return None, ""
+    last = matches[-1]
+    return int(last.group(1), 16), last.group(0).rstrip()
 
 
 def synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float,
@@ -192,6 +208,26 @@ def reap_exited(block: bool = False) -> None:
         time.sleep(0.01)
 
 
+def _scope_of(scopes: dict[int, list], crashed_thread: int | None, crashed: bool, main: int) -> list | None:
+    """The evidence scope a crash or hang happened in: for a crash, the one
+    the crashing thread had open (faulthandler names the thread); for a hang,
+    the one most threads were stuck in (each is inside a call of that
+    contract), the main thread's on a tie."""
+    if crashed:
+        return scopes.get(crashed_thread if crashed_thread is not None else main)
+    if not scopes:
+        return None
+    counts: dict[str, int] = {}
+    for open_scope in scopes.values():
+        counts[open_scope[0]] = counts.get(open_scope[0], 0) + 1
+    most = max(counts.values())
+    leaders = [c for c, k in counts.items() if k == most]
+    if len(leaders) == 1:
+        return next(s for s in scopes.values() if s[0] == leaders[0])
+    return scopes.get(main) if scopes.get(main) and scopes[main][0] in leaders else \
+        next(s for s in scopes.values() if s[0] in leaders)
+
+
 def _watch(pid: int, read_fd: int, started: float, timeout: float) -> tuple[bytes, str | None]:
     """Parent side: read the child's reports until it closes the pipe. Past
     the time limit, keep waiting while the child makes progress (see
@@ -229,6 +265,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     stacks = output.name[: -len(".log")] + ".stacks"
     reap_exited()
     started = time.monotonic()
+    pid_thread = threading.get_ident()  # the test's main thread, in the child too
     pid = os.fork()
     if pid == 0:  # ------------------------------------------------ child
         try:
@@ -256,7 +293,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     timed_out = hung is not None
     reports: list[pytest.TestReport] = []
     harness_error = None
-    scope = None  # the innermost evidence scope open when the child last said
+    scopes: dict[int, list] = {}  # thread -> its innermost evidence scope, as the child last said
     while len(buffer) >= 4:  # complete frames only: a crash may cut the last one
         (size,) = struct.unpack("!I", buffer[:4])
         if len(buffer) < 4 + size:
@@ -266,7 +303,11 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         if "$harness_error" in payload:
             harness_error = payload["$harness_error"]
         elif evidence.SCOPE_MESSAGE in payload:
-            scope = payload[evidence.SCOPE_MESSAGE]
+            message = payload[evidence.SCOPE_MESSAGE]
+            if message["scope"]:
+                scopes[message["thread"]] = message["scope"]
+            else:
+                scopes.pop(message["thread"], None)
         else:
             report = config.hook.pytest_report_from_serializable(config=config, data=payload)
             if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
@@ -289,6 +330,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         _, status = os.waitpid(pid, 0)
     duration = time.monotonic() - started
     tail = _tail(output.name)
+    crashed_thread, crash_stack = _crashing_thread(output.name)
     _, last_stacks = progress.last_dump(stacks)
     for path in (output.name, stacks):
         try:
@@ -299,6 +341,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     when = "setup" if "setup" not in phases_done else ("call" if "call" not in phases_done else "teardown")
     if harness_error:
         raise RuntimeError(f"conformance harness failed in the test child:\n{harness_error}")
+    scope = _scope_of(scopes, crashed_thread, crashed=not timed_out, main=pid_thread)
     where = f" in {scope[0]}" + (f" ({scope[1]})" if scope[1] else "") if scope else ""
     if timed_out:
         message = (f"HANG: the test did not finish within {timeout:g} s (during {when}{where}): {hung}; "
@@ -316,6 +359,8 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         else:
             cause = "exited before finishing"
         message = f"CRASH: the test process {cause} (during {when}{where})"
+        if crash_stack and crash_stack not in tail:
+            message += f"\n--- the thread that crashed ---\n{crash_stack}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
         reports.append(synthesize(item, when, CRASH, message, duration, scope, f"crash: the test process {cause}"))

@@ -85,7 +85,9 @@ def test_faulty_backend_crash_and_hang_cost_only_their_contracts(faulty_run, reg
     assert crashed == CALLS_GET_DEVICE_FROM_PTR, crashed
     assert {"HK-PIN-001", "HK-PIN-002"} <= hung <= CALLS_IS_PINNED_PTR, hung
     for test in faulty_run.contract("HK-PTR-001")["tests"]:
-        assert "SIGSEGV" in test["message"] and "Fatal Python error" in test["details"]
+        if test["verdict"] == "crash":  # (HK-INIT-001's test reaches getDeviceFromPtr too: charged here)
+            assert "SIGSEGV" in test["message"]
+            assert "Fatal Python error" in test["details"] or "the thread that crashed" in test["details"]
     for test in faulty_run.contract("HK-PIN-002")["tests"]:
         if test["verdict"] == "hang":
             assert "did not finish within 5 s" in test["message"]

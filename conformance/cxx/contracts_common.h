@@ -84,10 +84,9 @@ inline std::string lower(std::string text) {
   return text;
 }
 
-// The current device as the guard implementation reports it; also checks
-// that it is a device of the backend's type and that the hooks agree (a
-// guard that keeps its own idea of the current device, apart from the
-// runtime's, is what these checks must not trust).
+// The current device as the guard implementation reports it, which must be a
+// device of the backend's type. (Whether the hooks agree is HK-DEV-001's
+// business, checked in Python; a guard case never charges the hooks.)
 inline ::testing::AssertionResult CurrentIs(int expected) {
   c10::Device current = impl().getDevice();
   if (current.type() != kType) {
@@ -99,20 +98,6 @@ inline ::testing::AssertionResult CurrentIs(int expected) {
     return ::testing::AssertionFailure()
            << "the current device is " << current << " (guard getDevice()), expected "
            << dev(expected);
-  }
-  if (at::isPrivateUse1HooksRegistered()) {
-    std::optional<int> hooks_current;
-    try {
-      hooks_current = static_cast<int>(at::detail::getPrivateUse1Hooks().getCurrentDevice());
-    } catch (const std::exception&) {
-      // Hooks without getCurrentDevice: another contract's business.
-    }
-    if (hooks_current && *hooks_current != expected) {
-      return ::testing::AssertionFailure()
-             << "the guard's getDevice() says " << current
-             << " but the hooks' getCurrentDevice() says " << *hooks_current
-             << ": both must report the runtime's one current device";
-    }
   }
   return ::testing::AssertionSuccess();
 }

@@ -24,6 +24,7 @@ using GD_CNT_001 = AnyDeviceCount;
 // ------------------------------------------------------------ GD-DEV-001
 
 TEST_F(GD_DEV_001, SwitchesOnConstructionRestoresOnDestruction) {
+  // decides GD-DEV-001.1
   PU1C_REQUIRE_DEVICES(2);
   const auto used = devices_used();
   for (int origin : used) {
@@ -47,6 +48,7 @@ TEST_F(GD_DEV_001, SwitchesOnConstructionRestoresOnDestruction) {
 }
 
 TEST_F(GD_DEV_001, RestoresWhenAnExceptionUnwinds) {
+  // decides GD-DEV-001.2
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -87,6 +89,7 @@ TEST_F(GD_DEV_001, RestoresWhenAnExceptionUnwinds) {
 }
 
 TEST_F(GD_DEV_001, SetIndexAndResetDeviceMoveTheGuardAndRestoreTheOriginal) {
+  // decides GD-DEV-001.3
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -118,6 +121,7 @@ TEST_F(GD_DEV_001, SetIndexAndResetDeviceMoveTheGuardAndRestoreTheOriginal) {
 }
 
 TEST_F(GD_DEV_001, NestedGuardsRestoreInLifoOrder) {
+  // decides GD-DEV-001.4
   PU1C_REQUIRE_DEVICES(2);
   const auto used = devices_used();
   // 0 -> 1 -> 0 -> 1 (-> 2 -> last with more devices), then unwinding in reverse.
@@ -145,6 +149,7 @@ TEST_F(GD_DEV_001, NestedGuardsRestoreInLifoOrder) {
 // ------------------------------------------------------------ GD-DEV-003
 
 TEST_F(GD_DEV_003, IndexMinusOneSwitchesNothing) {
+  // decides GD-DEV-003.1
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(last));
@@ -186,6 +191,7 @@ void expect_uninitialized_does_nothing(const char* name, MakeGuard make_guard) {
 }
 
 TEST_F(GD_DEV_003, UninitializedOptionalDeviceGuardDoesNothing) {
+  // decides GD-DEV-003.2
   PU1C_REQUIRE_DEVICES(2);
   expect_uninitialized_does_nothing(
       "OptionalDeviceGuard()", [] { return std::make_unique<c10::OptionalDeviceGuard>(); });
@@ -195,6 +201,7 @@ TEST_F(GD_DEV_003, UninitializedOptionalDeviceGuardDoesNothing) {
 }
 
 TEST_F(GD_DEV_003, OptionalDeviceGuardResetRestoresTheDeviceAtInitialization) {
+  // decides GD-DEV-003.3
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -253,34 +260,24 @@ Attempt attempt(F&& call) {
   }
 }
 
-// Checks one method against one foreign argument. `valid` calls the same
-// method with a valid argument: a method the backend does not implement at
-// all (PyTorch's default throws "Backend doesn't support ...") is accepted.
-template <typename Bad, typename Valid>
-void expect_rejected(const std::string& call, const std::string& type, Bad&& bad, Valid&& valid) {
+// Checks one method against one foreign argument: it must throw a
+// std::exception (c10::Error), whatever its wording (CUDA's guard asserts
+// the type without naming it), and change nothing.
+template <typename Bad>
+void expect_rejected(const std::string& call, Bad&& bad) {
   const int before = static_cast<int>(impl().getDevice().index());
   const auto streams = current_streams();
   const Attempt result = attempt(bad);
   switch (result.kind) {
     case Attempt::kReturned:
-      ADD_FAILURE() << call << " returned instead of raising: every Device- or Stream-taking "
-                    << "method of the guard implementation must check the type "
-                    << "(TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, ...)) and "
-                    << "raise an error naming the wrong type";
+      ADD_FAILURE() << call << " returned instead of raising: the guard implementation must check "
+                    << "the device type (TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, ...))";
       break;
     case Attempt::kThrewNonStd:
       ADD_FAILURE() << call << " threw something that is not a std::exception: raise c10::Error "
                     << "(TORCH_CHECK) so that PyTorch can report it";
       break;
     case Attempt::kThrew:
-      if (lower(result.message).find(type) == std::string::npos) {
-        const Attempt with_valid = attempt(valid);
-        if (with_valid.kind == Attempt::kReturned) {
-          ADD_FAILURE() << call << " raised, but its message does not name the device type '"
-                        << type << "' that was wrongly passed: \"" << result.message << "\"";
-        }
-        // Otherwise the method is not implemented at all: nothing to check.
-      }
       break;
   }
   EXPECT_TRUE(CurrentIs(before)) << "after " << call << " (rejected or not)";
@@ -294,7 +291,11 @@ std::vector<c10::Device> foreign_devices() {
   return {c10::Device(c10::DeviceType::CPU, 0), c10::Device(c10::DeviceType::CUDA, 0)};
 }
 
-TEST_F(GD_DEV_004, DeviceTakingMethodsRejectAnotherDeviceType) {
+// The methods that switch the device check its type. (The stream getters,
+// getStream, getDefaultStream, getStreamFromGlobalPool and getNewStream, may
+// be lenient: CUDA's only use the index.)
+TEST_F(GD_DEV_004, DeviceSwitchingMethodsRejectAnotherDeviceType) {
+  // decides GD-DEV-004.1
   // Start away from index 0 where possible: a method that ignores the type
   // and switches to index 0 is then visible.
   const int start = count() - 1;
@@ -303,30 +304,20 @@ TEST_F(GD_DEV_004, DeviceTakingMethodsRejectAnotherDeviceType) {
   const std::vector<Method> methods = {
       {"exchangeDevice", [](c10::Device d) { impl().exchangeDevice(d); }},
       {"setDevice", [](c10::Device d) { impl().setDevice(d); }},
-      {"getStream", [](c10::Device d) { impl().getStream(d); }},
-      {"getDefaultStream", [](c10::Device d) { impl().getDefaultStream(d); }},
-      {"getStreamFromGlobalPool(isHighPriority=false)",
-       [](c10::Device d) { impl().getStreamFromGlobalPool(d, false); }},
-      {"getStreamFromGlobalPool(isHighPriority=true)",
-       [](c10::Device d) { impl().getStreamFromGlobalPool(d, true); }},
-      {"getNewStream", [](c10::Device d) { impl().getNewStream(d, 0); }},
-      {"getDeviceCapability", [](c10::Device d) { impl().getDeviceCapability(d); }},
   };
   for (const auto& foreign : foreign_devices()) {
-    const std::string type = c10::DeviceTypeName(foreign.type(), /*lower_case=*/true);
     for (const auto& [name, method] : methods) {
-      expect_rejected(std::string(name) + "(" + str(foreign) + ")", type,
-                      [&] { method(foreign); }, [&] { method(dev(start)); });
+      expect_rejected(std::string(name) + "(" + str(foreign) + ")", [&] { method(foreign); });
     }
     // Through the guard classes: a DeviceGuard given the backend's guard
     // implementation explicitly and a device of another type.
-    expect_rejected("c10::DeviceGuard(" + str(foreign) + ", <the backend's guard impl>)", type,
-                    [&] { c10::DeviceGuard guard(foreign, &impl()); },
-                    [&] { c10::DeviceGuard guard(dev(start), &impl()); });
+    expect_rejected("c10::DeviceGuard(" + str(foreign) + ", <the backend's guard impl>)",
+                    [&] { c10::DeviceGuard guard(foreign, &impl()); });
   }
 }
 
 TEST_F(GD_DEV_004, StreamTakingMethodsRejectAStreamOfAnotherType) {
+  // decides GD-DEV-004.2
   const int start = count() - 1;
   impl().setDevice(dev(start));
   const c10::Stream valid = impl().getStream(dev(start));
@@ -338,12 +329,11 @@ TEST_F(GD_DEV_004, StreamTakingMethodsRejectAStreamOfAnotherType) {
   };
   for (const auto& foreign : foreign_devices()) {
     const c10::Stream stream(c10::Stream::DEFAULT, foreign);
-    const std::string type = c10::DeviceTypeName(foreign.type(), /*lower_case=*/true);
     for (const auto& [name, method] : methods) {
-      expect_rejected(std::string(name) + "(" + str(stream) + ")", type,
-                      [&] { method(stream); }, [&] { method(valid); });
+      expect_rejected(std::string(name) + "(" + str(stream) + ")", [&] { method(stream); });
     }
   }
+  (void)valid;
 }
 
 // ------------------------------------------------------------ GD-DEV-005
@@ -356,6 +346,7 @@ std::vector<int> invalid_indices() {
 }
 
 TEST_F(GD_DEV_005, NeverThrowsForAnInvalidIndexAndChangesNothing) {
+  // decides GD-DEV-005.1
   // First device calls of this process (each case runs in a fresh one) and
   // of a new thread: the uninitialized paths too.
   for (int bad : invalid_indices()) {
@@ -386,21 +377,23 @@ TEST_F(GD_DEV_005, NeverThrowsForAnInvalidIndexAndChangesNothing) {
   EXPECT_TRUE(CurrentIs(last)) << "after uncheckedSetDevice(" << dev(-1) << ")";
 }
 
-TEST_F(GD_DEV_005, NeverThrowsForAnotherDeviceTypeAndChangesNothing) {
+// What it then does is not fixed (CUDA's uses the index whatever the type):
+// only that it does not throw.
+TEST_F(GD_DEV_005, NeverThrowsForAnotherDeviceType) {
+  // decides GD-DEV-005.2
   const int last = count() - 1;
   impl().setDevice(dev(last));
   for (const auto& foreign : foreign_devices()) {
     announce("GD-DEV-005: uncheckedSetDevice(" + str(foreign) +
              "); it is noexcept: a throw terminates the process");
     impl().uncheckedSetDevice(foreign);
-    EXPECT_TRUE(CurrentIs(last)) << "after uncheckedSetDevice(" << foreign
-                                 << "): a device of another type must change nothing";
   }
 }
 
 // Guards restore devices with uncheckedSetDevice: one that does nothing
 // would pass the cases above. (With one device there is nothing to see.)
 TEST_F(GD_DEV_005, SwitchesForAValidIndex) {
+  // decides GD-DEV-005.3
   PU1C_REQUIRE_DEVICES(1);
   const auto used = devices_used();
   const int last = used.back();
@@ -414,15 +407,12 @@ TEST_F(GD_DEV_005, SwitchesForAValidIndex) {
 
 // ------------------------------------------------------------ GD-CNT-001
 
-TEST_F(GD_CNT_001, DeviceCountNeverThrowsAndAgreesWithTheHooks) {
+// (Whether the hooks agree is HK-DEV-001's, the module DM-COUNT-001's.)
+TEST_F(GD_CNT_001, DeviceCountNeverThrowsAndStaysTheSame) {
+  // decides GD-CNT-001.1 GD-CNT-001.2
   announce("GD-CNT-001: deviceCount() on a fresh process; it is noexcept: a throw terminates");
   const int first = count();
   EXPECT_GE(first, 0) << "the guard's deviceCount() returned a negative count";
-  if (at::isPrivateUse1HooksRegistered()) {
-    const int hooks_count = static_cast<int>(at::detail::getPrivateUse1Hooks().deviceCount());
-    EXPECT_EQ(hooks_count, first) << "the guard's deviceCount() is " << first
-                                  << " but the hooks' deviceCount() is " << hooks_count;
-  }
   for (int i = 0; i < 1000; ++i) {
     const int again = count();
     if (again != first) {

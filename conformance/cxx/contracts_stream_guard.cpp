@@ -19,6 +19,7 @@ using GD_MULTI_001 = WithDevices;
 // ------------------------------------------------------------ GD-STR-001
 
 TEST_F(GD_STR_001, SwitchesDeviceAndStreamRestoresBothLeavesTheOriginAlone) {
+  // decides GD-STR-001.1 GD-STR-001.2
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   for (const auto& [origin, target] : {std::pair{0, last}, std::pair{last, 0}}) {
@@ -48,6 +49,7 @@ TEST_F(GD_STR_001, SwitchesDeviceAndStreamRestoresBothLeavesTheOriginAlone) {
 }
 
 TEST_F(GD_STR_001, OnTheCurrentDeviceSwitchesOnlyTheStream) {
+  // decides GD-STR-001.1
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(last));
@@ -65,6 +67,7 @@ TEST_F(GD_STR_001, OnTheCurrentDeviceSwitchesOnlyTheStream) {
 }
 
 TEST_F(GD_STR_001, RestoresWhenAnExceptionUnwinds) {
+  // decides GD-STR-001.3
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -81,6 +84,7 @@ TEST_F(GD_STR_001, RestoresWhenAnExceptionUnwinds) {
 }
 
 TEST_F(GD_STR_001, ResetStreamMovesTheGuardAndRestoresEverything) {
+  // decides GD-STR-001.4
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -105,6 +109,7 @@ TEST_F(GD_STR_001, ResetStreamMovesTheGuardAndRestoresEverything) {
 }
 
 TEST_F(GD_STR_001, NestedStreamGuardsRestoreInLifoOrder) {
+  // decides GD-STR-001.5
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -135,6 +140,7 @@ TEST_F(GD_STR_001, NestedStreamGuardsRestoreInLifoOrder) {
 }
 
 TEST_F(GD_STR_001, OptionalStreamGuard) {
+  // decides GD-STR-001.6
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -167,6 +173,7 @@ TEST_F(GD_STR_001, OptionalStreamGuard) {
 // ------------------------------------------------------------ GD-STR-002
 
 TEST_F(GD_STR_002, ChangesOnlyThatDevicesStreamAndReturnsThePreviousOne) {
+  // decides GD-STR-002.1
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   for (const auto& [current, target] :
@@ -202,6 +209,7 @@ TEST_F(GD_STR_002, ChangesOnlyThatDevicesStreamAndReturnsThePreviousOne) {
 // ------------------------------------------------------------ GD-MULTI-001
 
 TEST_F(GD_MULTI_001, SetsEachDevicesStreamKeepsTheDeviceRestoresAll) {
+  // decides GD-MULTI-001.1
   PU1C_REQUIRE_DEVICES(2);
   const auto used = devices_used();
   const size_t n = used.size();
@@ -224,6 +232,7 @@ TEST_F(GD_MULTI_001, SetsEachDevicesStreamKeepsTheDeviceRestoresAll) {
 }
 
 TEST_F(GD_MULTI_001, LeavesDevicesNotListedAlone) {
+  // decides GD-MULTI-001.2
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(0));
@@ -241,6 +250,7 @@ TEST_F(GD_MULTI_001, LeavesDevicesNotListedAlone) {
 }
 
 TEST_F(GD_MULTI_001, EmptyListIsANoOp) {
+  // decides GD-MULTI-001.3
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(last));
@@ -254,6 +264,7 @@ TEST_F(GD_MULTI_001, EmptyListIsANoOp) {
 }
 
 TEST_F(GD_MULTI_001, RestoresWhenAnExceptionUnwinds) {
+  // decides GD-MULTI-001.4
   PU1C_REQUIRE_DEVICES(2);
   const int last = count() - 1;
   impl().setDevice(dev(last));
@@ -271,6 +282,7 @@ TEST_F(GD_MULTI_001, RestoresWhenAnExceptionUnwinds) {
 // PyTorch's own check, before the backend is involved: a list mixing device
 // types is refused and changes nothing.
 TEST_F(GD_MULTI_001, RejectsMixedDeviceTypes) {
+  // decides GD-MULTI-001.5
   PU1C_REQUIRE_DEVICES(2);
   impl().setDevice(dev(0));
   const auto before = make_non_default_streams_current();

@@ -10,6 +10,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "gtest_runner.h"
+#include "hooks_watch.h"
 
 #include <limits>
 
@@ -159,6 +160,19 @@ PYBIND11_MODULE(_cxx, m) {
   m.def("hooks_resize_bytes", [](const c10::Storage& storage, int64_t nbytes) {
     hooks().resizePrivateUse1Bytes(storage, static_cast<size_t>(nbytes));
   });
+  // Counting the hooks' init() / getPinnedMemoryAllocator() calls, and
+  // PyTorch's own lazy-initialization flag (hooks_watch.cpp).
+  m.def("hooks_watch", &pu1c::watch_hooks);
+  m.def("hooks_watch_calls", [] {
+    const pu1c::HookCalls calls = pu1c::hook_calls();
+    py::dict out;
+    out["init"] = calls.init;
+    out["pinned_allocator"] = calls.pinned;
+    out["first_init"] = calls.first_init;
+    out["first_pinned_allocator"] = calls.first_pinned;
+    return out;
+  });
+  m.def("context_initialized", &pu1c::context_initialized);
   // Through at::globalContext(), the way ATen itself reaches the hooks.
   m.def("context_lazy_init", [] { at::globalContext().lazyInitDevice(kType); });
   m.def("context_is_pinned_ptr", [](uintptr_t ptr) {
