@@ -71,8 +71,10 @@ def range_mentions(index: int, count: int) -> tuple[str, ...]:
     return (str(index), str(count))
 
 
-def in_thread(call: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Run `call` in a new thread and return its result (or re-raise)."""
+def in_thread(call: Callable[[], Any]) -> Any:
+    """Run `call` in a new thread and return its result (or re-raise). No time
+    limit here: a thread that never finishes leaves the test without
+    progress, which the harness reports as a hang (harness/progress.py)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -83,9 +85,7 @@ def in_thread(call: Callable[[], Any], timeout: float = 30.0) -> Any:
 
     thread = threading.Thread(target=target)
     thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        pytest.fail(f"a thread running {call!r} did not finish within {timeout} s", pytrace=False)
+    thread.join()
     if "error" in box:
         raise box["error"]
     return box.get("value")

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ._helpers import must
-from .test_streams import Load
+from ._helpers import check, inconclusive, must
+from ._async import Load, hold, waited
 
 contract = pytest.mark.contract
 
@@ -22,6 +22,7 @@ contract = pytest.mark.contract
 # ---------------------------------------------------------------------- AMP
 
 
+# decides AC-DTYPE-001.1
 def advertised(mod) -> list[torch.dtype]:
     function = getattr(mod, "get_amp_supported_dtype", None)
     assert callable(function), (
@@ -59,6 +60,7 @@ def reference(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: op().cpu() for name, op in autocast_ops(cpu).items()}
 
 
+# decides AC-DTYPE-001.2
 @contract("AC-DTYPE-001")
 def test_autocast_casts_for_every_advertised_dtype(dt, mod):
     dtypes = advertised(mod)
@@ -91,6 +93,7 @@ def test_autocast_casts_for_every_advertised_dtype(dt, mod):
         assert after.dtype == torch.float32, f"torch.mm after leaving autocast returned {after.dtype}"
 
 
+# decides AC-DTYPE-001.2
 @contract("AC-DTYPE-001")
 def test_autocast_backward(dt, mod):
     dtype = advertised(mod)[0]
@@ -106,6 +109,7 @@ def test_autocast_backward(dt, mod):
     torch.testing.assert_close(a.grad.cpu(), expected, rtol=16 * eps, atol=16 * eps * expected.abs().max().item())
 
 
+# decides AC-DTYPE-001.3
 @contract("AC-DTYPE-001")
 def test_default_autocast_dtype_is_advertised(dt, mod):
     """torch.autocast(<name>) without a dtype uses get_autocast_dtype(<name>);
@@ -124,12 +128,13 @@ def test_default_autocast_dtype_is_advertised(dt, mod):
     assert out.dtype == default, f"torch.mm under torch.autocast({dt!r}) returned {out.dtype}, not {default}"
 
 
+# decides AC-DTYPE-001.4
 @contract("AC-DTYPE-001")
 def test_unsupported_autocast_dtype_warns_and_disables(dt, mod):
     dtypes = advertised(mod)
     candidates = [d for d in (torch.float64, torch.float32) if d not in dtypes]
     if not candidates:
-        pytest.skip("the backend advertises float64 and float32 for autocast")
+        inconclusive("the backend advertises float64 and float32 for autocast: no unadvertised float dtype to try")
     bad = candidates[0]
     t = operands(dt)
     with warnings.catch_warnings(record=True) as caught:
@@ -160,7 +165,7 @@ def interface(dt):
 
 
 @contract("DI-IFACE-001")
-def test_device_interface_agrees_with_the_module(dt, mod, n):
+def test_device_interface_agrees_with_the_module(dt, mod, n, backend):
     from torch._dynamo.device_interface import DeviceGuard, DeviceInterface
 
     iface = interface(dt)
@@ -177,9 +182,11 @@ def test_device_interface_agrees_with_the_module(dt, mod, n):
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"DeviceInterface.{name}{args!r} raised {type(e).__name__}: {e}", pytrace=False)
 
+    # decides DI-IFACE-001.1
     assert call("device_count") == mod.device_count() == n, \
         f"DeviceInterface.device_count() is {call('device_count')}, the module says {mod.device_count()}"
     assert call("is_available") == mod.is_available(), "DeviceInterface.is_available() disagrees with the module"
+    # decides DI-IFACE-001.2
     last = n - 1
     mod.set_device(last)
     assert call("current_device") == last, f"DeviceInterface.current_device() is not the module's {last}"
@@ -197,24 +204,42 @@ def test_device_interface_agrees_with_the_module(dt, mod, n):
         assert mod.current_device() == last, f"DeviceInterface.device({last}) did not switch"
     assert mod.current_device() == 0, f"DeviceInterface.device({last}) did not restore the device"
 
-    stream = call("current_stream")
-    assert isinstance(stream, torch.Stream) and stream == torch.accelerator.current_stream(), \
-        f"DeviceInterface.current_stream() is {stream!r}, torch.accelerator says {torch.accelerator.current_stream()!r}"
+    # decides DI-IFACE-001.3
+    # The current stream, in the default state and in others: a non-default
+    # stream current on the current device, and on another device.
+    for j in sorted({0, last}):
+        mod.set_device(j)
+        for label, make in (("the default stream", lambda j=j: torch.accelerator.current_stream(j)),
+                            ("a new stream", lambda j=j: torch.Stream(device=torch.device(dt, j)))):
+            stream = make()
+            torch.accelerator.set_stream(stream)
+            seen = call("current_stream")
+            check("DI-IFACE-001.3", isinstance(seen, torch.Stream) and seen == stream,
+                  f"with {label} of {dt}:{j} current ({stream!r}), DeviceInterface.current_stream() is {seen!r}")
+        torch.accelerator.set_stream(torch.accelerator.current_stream(j))
+    mod.set_device(0)
     for name, base in (("Stream", torch.Stream), ("Event", torch.Event)):
         cls = getattr(iface, name)
         if cls is not getattr(DeviceInterface, name):
-            assert isinstance(cls, type) and issubclass(cls, base), \
-                f"DeviceInterface.{name} must subclass torch.{name} for dynamo to capture it"
+            check("DI-IFACE-001.3", isinstance(cls, type) and issubclass(cls, base),
+                  f"DeviceInterface.{name} must subclass torch.{name} for dynamo to capture it")
 
-    # Asynchronous work (device-to-device copies) long enough to be in flight.
+    # decides DI-IFACE-001.4
     load = Load(dt, last)
-    load.queue(load.units * 4)
-    call("synchronize", last)
-    assert torch.accelerator.current_stream(last).query(), \
-        f"DeviceInterface.synchronize({last}) returned before device {last}'s work finished"
-    assert mod.current_device() == 0, "DeviceInterface.synchronize changed the current device"
+    stream = torch.accelerator.current_stream(last)
+    target = load.target()  # before the hold: only the write is queued behind it
+    with hold(backend, stream, load) as held:
+        with torch.accelerator.device_index(last):
+            load.write(target)
+        _, early = waited(lambda: call("synchronize", last), held)
+    check("DI-IFACE-001.4", early is not True,
+          f"DeviceInterface.synchronize({last}) returned while device {last}'s stream was still held")
+    check("DI-IFACE-001.4", load.is_final(target) and torch.accelerator.current_stream(last).query(),
+          f"DeviceInterface.synchronize({last}) returned before device {last}'s work finished")
+    check("DI-IFACE-001.4", mod.current_device() == 0, "DeviceInterface.synchronize changed the current device")
 
 
+# decides DI-COMPILE-001.1 DI-COMPILE-001.2
 @contract("DI-COMPILE-001")
 def test_compiled_model_matches_eager(dt):
     """torch.compile(backend="aot_eager") on device tensors matches eager,

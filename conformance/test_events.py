@@ -1,10 +1,10 @@
 """Events: recording on the current stream, completion, waiting on
 unrecorded events, timing, device checks and resource leaks.
 
-The background load and its conclusive-observation rules are shared with
-test_streams.py: a fast correct backend always passes, a backend that
-reports completion early, records on the wrong stream or times the host
-instead of the device fails.
+Work is held behind a gate where the backend offers one, else kept busy by
+long work (see _async.py): a correct backend always passes, a synchronous one
+too, and one that reports completion early, records on the wrong stream or
+times the host instead of the device fails, deterministically with a gate.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from ._helpers import must, must_raise
-from .test_streams import POLL_SECONDS, SCALES, Load, default_streams, new_stream, poll
+from ._async import SCALES, Load, default_streams, hold, new_stream, poll, waited
+from ._helpers import check, must, must_raise, scope
 
 contract = pytest.mark.contract
 
@@ -30,69 +30,99 @@ def new_event(dt: str, **kwargs) -> torch.Event:
 # ------------------------------------------------------------------ recording
 
 
+RECORDERS = {
+    "Event.record() with the stream current": ("EV-REC-001.1", lambda e, s: _record_current(e, s)),
+    "Event.record(stream)": ("EV-REC-001.2", lambda e, s: e.record(s)),
+    "Stream.record_event()": ("EV-REC-001.2", None),
+}
+
+
+def _record_current(event, stream) -> None:
+    with stream:
+        event.record()
+
+
 @contract("EV-REC-001")
-def test_event_records_on_the_current_stream(dt):
-    load = Load(dt, 0)
-    s = new_stream(dt, 0)
+@pytest.mark.parametrize("how", list(RECORDERS))
+def test_event_completes_only_after_the_work_before_it(dt, n, backend, how):
+    """On a stream of the last device (device 0 current): the event must stay
+    incomplete while the work recorded before it is held, complete once that
+    work is done, and synchronize() must wait for it."""
+    clause, record = RECORDERS[how]
+    j = n - 1
+    load = Load(dt, j)
+    s = new_stream(dt, j)
+    torch.accelerator.set_device_index(0)
     for scale in SCALES:
         target = load.target()
-        event = new_event(dt)
-        with s:
-            load.queue(load.units * scale)
-            load.write(target)
-            must(event.record, "Event.record() with a new stream current")
-        event_done = must(event.query, "Event.query()")
-        stream_done = s.query()
-        assert not (event_done and not stream_done), (
-            "Event.record() with stream s current completed while s was still running the work queued before "
-            "it: record() must record on the current stream")
-        must(event.synchronize, "Event.synchronize()")
-        assert must(event.query, "Event.query()") is True, \
-            "Event.query() is False right after Event.synchronize(): synchronize returned before the event completed"
-        assert s.query() is True, ("after Event.synchronize() of the last thing recorded on s, s still has work: "
-                                   "the event was not recorded on the current stream, or completed early")
-        assert load.is_final(target), \
-            "after Event.synchronize(), the work recorded before the event is incomplete when read from another stream"
-        assert event.device == torch.device(dt, 0), f"an event recorded on a stream of {dt}:0 reports {event.device}"
-        if not stream_done:
-            break
-
-
-@contract("EV-REC-001")
-@pytest.mark.parametrize("how", ["Event.record(stream)", "Stream.record_event()"])
-def test_event_query_true_means_the_work_is_done(dt, how):
-    load = Load(dt, 0)
-    s = new_stream(dt, 0)
-    for scale in SCALES:
-        target = load.queue_and_write(s, scale)
-        if how == "Event.record(stream)":
-            event = new_event(dt)
-            must(lambda: event.record(s), how)
-        else:
-            event = must(s.record_event, how)
-            assert isinstance(event, torch.Event), f"Stream.record_event() returned {type(event).__name__}"
-        in_flight = not s.query()
-        assert poll(event.query), f"Event.query() stayed False for {POLL_SECONDS} s after {how}"
-        assert load.is_final(target), (f"Event.query() returned True after {how}, but the work before the event "
-                                       "was incomplete: completion reported early")
+        with hold(backend, s, load, scale) as held:
+            with s:
+                load.write(target)
+            with scope(clause):
+                if record is None:
+                    event = must(s.record_event, how)
+                    check(clause, isinstance(event, torch.Event), f"Stream.record_event() returned "
+                                                                  f"{type(event).__name__}")
+                else:
+                    event = new_event(dt)
+                    must(lambda: record(event, s), how)
+            done = must(event.query, "Event.query()")
+            still_held = held.held
+            in_flight = still_held or not s.query()
+            if still_held:
+                check(clause, done is False,
+                      f"after {how}, the event reported query() == True while the work recorded before it was held: it "
+                      "was not recorded on that stream, or completion is reported early")
+            with scope("EV-REC-001.4"):
+                _, early = waited(lambda: must(event.synchronize, "Event.synchronize()"), held)
+        check("EV-REC-001.4", early is not True, "Event.synchronize() returned while the work before the event was "
+                                                 "still held")
+        check("EV-REC-001.4", must(event.query, "Event.query()") is True,
+              "Event.query() is False right after Event.synchronize()")
+        check("EV-REC-001.4", load.is_final(target),
+              "after Event.synchronize(), the work recorded before the event is incomplete when read from another stream")
+        check(clause, event.device == torch.device(dt, j), f"an event recorded on a stream of {dt}:{j} reports "
+                                                           f"{event.device}")
         if in_flight:
             break
 
 
 @contract("EV-REC-001")
-def test_event_can_be_recorded_again(dt):
+def test_query_true_means_the_work_is_done(dt, n):
+    """query() polled until True: the work before the event must be done then
+    (a long last task makes an early answer visible)."""
+    load = Load(dt, 0, elements=1 << 22)
+    s = new_stream(dt, 0)
+    for scale in SCALES:
+        target = load.queue_and_write(s, scale)
+        event = must(s.record_event, "Stream.record_event()")
+        in_flight = not s.query()
+        poll(event.query)  # an event that never completes is a hang (no progress) of this contract
+        check("EV-REC-001.3", load.is_final(target),
+              "Event.query() returned True while the work recorded before the event was incomplete: completion "
+              "reported early")
+        if in_flight:
+            break
+
+
+@contract("EV-REC-001")
+def test_event_can_be_recorded_again(dt, backend):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     event = new_event(dt)
     for round_ in range(3):
         target = load.target()
-        with s:
-            load.queue()
-            load.write(target)
-            must(event.record, f"Event.record() (round {round_ + 1})")
+        with hold(backend, s, load) as held:
+            with s:
+                load.write(target)
+                with scope("EV-REC-001.5"):
+                    must(event.record, f"Event.record() (round {round_ + 1})")
+            if held.held:
+                check("EV-REC-001.5", event.query() is False,
+                      f"an event recorded again (round {round_ + 1}) reported completion before its new work ran")
         must(event.synchronize, "Event.synchronize()")
-        assert event.query() is True
-        assert load.is_final(target), f"re-recording an event (round {round_ + 1}) made it complete too early"
+        check("EV-REC-001.5", event.query() is True and load.is_final(target),
+              f"re-recording an event (round {round_ + 1}) made it complete too early")
 
 
 # ---------------------------------------------------------------- unrecorded
@@ -116,27 +146,28 @@ def test_unrecorded_event_is_complete_and_waits_for_nothing(dt, mod, event_kind,
     if event_kind == "torch.Event":
         event = new_event(dt, enable_timing=enable_timing)
     else:  # the module's own class, on the current device
-        event = must(lambda: mod.Event(enable_timing=enable_timing),
-                     f"torch.{dt}.Event(enable_timing={enable_timing})")
-    assert must(event.query, "Event.query() of an unrecorded event") is True, \
-        "an event that was never recorded must report query() == True"
-    must(event.synchronize, "Event.synchronize() of an unrecorded event")
+        event = must(lambda: mod.Event(enable_timing=enable_timing), f"torch.{dt}.Event(enable_timing={enable_timing})")
+    with scope("EV-UNREC-001.1"):
+        answer = must(event.query, "Event.query() of an unrecorded event")
+    check("EV-UNREC-001.1", answer is True, "an event that was never recorded must report query() == True")
+    with scope("EV-UNREC-001.2"):
+        must(event.synchronize, "Event.synchronize() of an unrecorded event")
     s = new_stream(dt, 0)
     current = torch.accelerator.current_stream(0)
-    must(event.wait, "Event.wait() of an unrecorded event (current stream)")
-    must(lambda: event.wait(s), "Event.wait(stream) of an unrecorded event")
-    must(lambda: s.wait_event(event), "Stream.wait_event(unrecorded event)")
+    with scope("EV-UNREC-001.3"):
+        must(event.wait, "Event.wait() of an unrecorded event (current stream)")
+        must(lambda: event.wait(s), "Event.wait(stream) of an unrecorded event")
+        must(lambda: s.wait_event(event), "Stream.wait_event(unrecorded event)")
     target = torch.zeros(16, device=torch.device(dt, 0))
     source = torch.full((16,), 5.0, dtype=torch.float64, device=torch.device(dt, 0))
     torch.accelerator.synchronize(0)
     for stream in (s, current):
         with stream:
             target.copy_(source)
-        assert poll(stream.query, 5.0), (
-            f"{stream} never finished a small copy queued after it waited on an unrecorded event: "
-            "waiting on an unrecorded event must be a no-op")
-    assert bool((target.cpu() == 5.0).all())
-    assert event.query() is True
+        poll(stream.query)  # blocked behind an unrecorded event: no progress, a hang of this contract
+    check("EV-UNREC-001.3", bool((target.cpu() == 5.0).all()), "work queued after waiting on an unrecorded event "
+                                                               "did not run")
+    check("EV-UNREC-001.1", event.query() is True, "an unrecorded event stopped reporting query() == True")
 
 
 # -------------------------------------------------------------------- timing
@@ -164,51 +195,57 @@ def test_elapsed_time_measures_the_work(dt):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     big = max(16, load.units)
-    small = [_timed(load, 1, s) for _ in range(3)]
-    large = [_timed(load, big, s) for _ in range(2)]
+    with scope("EV-TIME-001.1"):
+        small = [_timed(load, 1, s) for _ in range(3)]
+        large = [_timed(load, big, s) for _ in range(2)]
     for elapsed, wall in small + large:
-        assert isinstance(elapsed, float), f"Event.elapsed_time returned {type(elapsed).__name__}, not float"
-        assert elapsed >= 0.0, f"Event.elapsed_time returned a negative time {elapsed}"
-        assert elapsed <= wall * 1.1 + 1.0, (
-            f"Event.elapsed_time returned {elapsed:.3f} ms, more than the {wall:.3f} ms of wall-clock time around "
-            "the events: it must be in milliseconds")
+        check("EV-TIME-001.1", isinstance(elapsed, float), f"Event.elapsed_time returned {type(elapsed).__name__}, "
+                                                           "not float")
+        check("EV-TIME-001.1", elapsed >= 0.0, f"Event.elapsed_time returned a negative time {elapsed}")
+        check("EV-TIME-001.1", elapsed <= wall * 1.1 + 1.0,
+              f"Event.elapsed_time returned {elapsed:.3f} ms, more than the {wall:.3f} ms of wall-clock time around the "
+              "events: it must be in milliseconds")
     small_ms = min(e for e, _ in small)
     large_ms = min(e for e, _ in large)
-    assert large_ms > small_ms, (
-        f"Event.elapsed_time does not grow with the work between the events: {small_ms:.3f} ms for 1 unit of "
-        f"work, {large_ms:.3f} ms for {big} units")
+    check("EV-TIME-001.2", large_ms > small_ms,
+          f"Event.elapsed_time does not grow with the work between the events: {small_ms:.3f} ms for 1 unit of work, "
+          f"{large_ms:.3f} ms for {big} units")
     best_elapsed = max(e for e, _ in large)
     shortest_wall = min(w for _, w in large)
-    assert best_elapsed >= 0.1 * shortest_wall, (
-        f"Event.elapsed_time measured {best_elapsed:.3f} ms for work that kept the host waiting {shortest_wall:.3f} "
-        "ms: events must be timestamped when the device reaches them, not when they are recorded by the host")
+    check("EV-TIME-001.3", best_elapsed >= 0.1 * shortest_wall,
+          f"Event.elapsed_time measured {best_elapsed:.3f} ms for work that kept the host waiting {shortest_wall:.3f} "
+          "ms: events must be timestamped when the device reaches them, not when they are recorded by the host")
 
 
 @contract("EV-TIME-001")
-def test_elapsed_time_ignores_host_time_between_records(dt):
-    """Two events recorded back to back on a busy stream while the host pauses
+def test_elapsed_time_ignores_host_time_between_records(dt, backend):
+    """Two events recorded back to back on a held stream while the host pauses
     between the two record() calls: nothing runs between them on the device,
-    so their elapsed time is about 0, however long the host paused. A backend
-    that timestamps record() calls on the host reports the pause instead.
-    Conclusive only when the stream was still busy after the second record."""
+    so their elapsed time is about 0, however long the host paused. Without a
+    gate, conclusive only when a marker recorded before them was still
+    pending after the second record (a synchronous backend is never
+    conclusive, and rightly passes: its device did idle)."""
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     pause_ms = 20.0
     for scale in SCALES[1:]:
         start, end = new_event(dt, enable_timing=True), new_event(dt, enable_timing=True)
-        with s:
-            load.queue(load.units * scale)
-            start.record()
-            time.sleep(pause_ms / 1000.0)
-            end.record()
-        busy = not s.query()
+        marker = new_event(dt)
+        with hold(backend, s, load, scale) as held:
+            with s:
+                marker.record()
+                start.record()
+                time.sleep(pause_ms / 1000.0)
+                end.record()
+            conclusive = held.held or not marker.query()
         must(end.synchronize, "Event.synchronize()")
-        elapsed = must(lambda: start.elapsed_time(end), "Event.elapsed_time(end) of two completed timing events")
-        if busy:
-            assert elapsed < pause_ms / 2, (
-                f"two events recorded back to back on a busy stream, with the host pausing {pause_ms:.0f} ms "
-                f"between the record() calls, are {elapsed:.3f} ms apart: elapsed_time must measure device "
-                "time (nothing ran between them), not the host time between the record() calls")
+        with scope("EV-TIME-001.3"):
+            elapsed = must(lambda: start.elapsed_time(end), "Event.elapsed_time(end) of two completed timing events")
+        if conclusive:
+            check("EV-TIME-001.3", elapsed < pause_ms / 2,
+                  f"two events recorded back to back on a held stream, with the host pausing {pause_ms:.0f} ms between "
+                  f"the record() calls, are {elapsed:.3f} ms apart: elapsed_time must measure device time (nothing "
+                  "ran between them), not the host time between the record() calls")
             break
 
 
@@ -216,18 +253,21 @@ def test_elapsed_time_ignores_host_time_between_records(dt):
 def test_elapsed_time_needs_timing_events(dt):
     plain_a, plain_b = new_event(dt), new_event(dt)
     timing_a, timing_b = new_event(dt, enable_timing=True), new_event(dt, enable_timing=True)
-    must_raise(lambda: timing_a.elapsed_time(timing_b), "Event.elapsed_time of two unrecorded timing events",
-               TIMING_ERRORS)
+    with scope("EV-TIME-001.4"):
+        must_raise(lambda: timing_a.elapsed_time(timing_b), "Event.elapsed_time of two unrecorded timing events",
+                   TIMING_ERRORS)
     for event in (plain_a, plain_b, timing_a, timing_b):
         event.record()
     for event in (plain_a, plain_b, timing_a, timing_b):
         event.synchronize()
-    must_raise(lambda: plain_a.elapsed_time(plain_b),
-               "Event.elapsed_time of events created without enable_timing=True", TIMING_ERRORS)
-    must_raise(lambda: timing_a.elapsed_time(plain_b),
-               "Event.elapsed_time to an event created without enable_timing=True", TIMING_ERRORS)
-    elapsed = must(lambda: timing_a.elapsed_time(timing_b), "Event.elapsed_time of two recorded timing events")
-    assert isinstance(elapsed, float) and elapsed >= 0.0, f"Event.elapsed_time returned {elapsed!r}"
+    with scope("EV-TIME-001.4"):
+        must_raise(lambda: plain_a.elapsed_time(plain_b), "Event.elapsed_time of events created without "
+                   "enable_timing=True", TIMING_ERRORS)
+        must_raise(lambda: timing_a.elapsed_time(plain_b), "Event.elapsed_time to an event created without "
+                   "enable_timing=True", TIMING_ERRORS)
+    with scope("EV-TIME-001.1"):
+        elapsed = must(lambda: timing_a.elapsed_time(timing_b), "Event.elapsed_time of two recorded timing events")
+    check("EV-TIME-001.1", isinstance(elapsed, float) and elapsed >= 0.0, f"Event.elapsed_time returned {elapsed!r}")
 
 
 # -------------------------------------------------------------------- devices
@@ -238,24 +278,26 @@ def test_event_cannot_move_to_another_device(dt, n):
     s0, s1 = new_stream(dt, 0), new_stream(dt, 1)
     event = new_event(dt)
     must(lambda: event.record(s0), f"Event.record(stream of {dt}:0)")
-    must_raise(lambda: event.record(s1),
-               f"recording an event of {dt}:0 on a stream of {dt}:1", (RuntimeError, ValueError))
-
-    def record_current():
-        with torch.accelerator.device_index(1):
-            event.record()
-
-    must_raise(record_current, f"recording an event of {dt}:0 on the current stream of {dt}:1",
-               (RuntimeError, ValueError))
-    assert torch.accelerator.current_device_index() == 0
-    assert event.device == torch.device(dt, 0), f"a rejected record moved the event to {event.device}"
-    must(lambda: event.record(s0), f"recording the event on {dt}:0 again after the rejected record")
-    must(event.synchronize, "Event.synchronize()")
-    assert event.query() is True
-    for wrong in (s1, default_streams(2)[1]):
-        fresh = s0.record_event()
-        must_raise(lambda: wrong.record_event(fresh), f"Stream.record_event(event of {dt}:0) on {wrong}",
+    with scope("EV-DEV-001.1"):
+        must_raise(lambda: event.record(s1), f"recording an event of {dt}:0 on a stream of {dt}:1",
                    (RuntimeError, ValueError))
+
+        def record_current():
+            with torch.accelerator.device_index(1):
+                event.record()
+
+        must_raise(record_current, f"recording an event of {dt}:0 on the current stream of {dt}:1",
+                   (RuntimeError, ValueError))
+        for wrong in (s1, default_streams(2)[1]):
+            fresh = s0.record_event()
+            must_raise(lambda: wrong.record_event(fresh), f"Stream.record_event(event of {dt}:0) on {wrong}",
+                       (RuntimeError, ValueError))
+    check("EV-DEV-001.2", torch.accelerator.current_device_index() == 0, "a rejected record changed the current device")
+    check("EV-DEV-001.2", event.device == torch.device(dt, 0), f"a rejected record moved the event to {event.device}")
+    with scope("EV-DEV-001.2"):
+        must(lambda: event.record(s0), f"recording the event on {dt}:0 again after the rejected record")
+        must(event.synchronize, "Event.synchronize()")
+    check("EV-DEV-001.2", event.query() is True, "the event is not usable on its device after a rejected record")
 
 
 # ----------------------------------------------------------------------- leaks
@@ -273,9 +315,9 @@ def _os_threads() -> int | None:
 
 
 @contract("EV-LEAK-001")
-def test_many_events_leak_nothing(dt, backend):
+def test_many_events_leak_nothing(dt, backend, unclaimed):
     count = 5000
-    stats = "memory-stats" not in backend.manifest.unclaimed
+    stats = "memory-stats" not in unclaimed
     s = new_stream(dt, 0)
     warm = new_event(dt, enable_timing=True)
     warm.record(s)
@@ -285,30 +327,33 @@ def test_many_events_leak_nothing(dt, backend):
     threads = _os_threads()
     live_events = backend.instrument("live_event_count")  # optional: events invisible to PyTorch
     events_before = live_events() if live_events else 0
-    for i in range(count):
-        event = torch.Event(device=dt, enable_timing=i % 2 == 0)
-        event.record(s if i % 3 else None)
-        if i % 500 == 0:
-            event.synchronize()
-        del event
-        extra = s.record_event()
-        del extra
-    torch.accelerator.synchronize(0)
+    with scope("EV-LEAK-001.2"):
+        for i in range(count):
+            event = torch.Event(device=dt, enable_timing=i % 2 == 0)
+            event.record(s if i % 3 else None)
+            if i % 500 == 0:
+                event.synchronize()
+            del event
+            extra = s.record_event()
+            del extra
+        torch.accelerator.synchronize(0)
     if stats:
-        assert torch.accelerator.memory_allocated(0) == allocated, (
-            f"creating, recording and destroying {2 * count} events changed memory_allocated() from {allocated} "
-            f"to {torch.accelerator.memory_allocated(0)}: events leak device memory")
+        check("EV-LEAK-001.1", torch.accelerator.memory_allocated(0) == allocated,
+              f"creating, recording and destroying {2 * count} events changed memory_allocated() from {allocated} to "
+              f"{torch.accelerator.memory_allocated(0)}: events leak device memory")
     if threads is not None:
-        assert _os_threads() <= threads + 2, \
-            f"creating and destroying {2 * count} events left {_os_threads() - threads} more OS threads running"
+        check("EV-LEAK-001.1", _os_threads() <= threads + 2,
+              f"creating and destroying {2 * count} events left {_os_threads() - threads} more OS threads running")
     if live_events:
         kept = live_events() - events_before
-        assert kept < count // 10, (
-            f"after creating and destroying {2 * count} events, the backend's runtime holds {kept} more events "
-            "(instrumentation live_event_count()): destroyEvent does not release them")
+        check("EV-LEAK-001.1", kept < count // 10,
+              f"after creating and destroying {2 * count} events, the backend's runtime holds {kept} more events "
+              "(instrumentation live_event_count()): destroyEvent does not release them")
     start, end = new_event(dt, enable_timing=True), new_event(dt, enable_timing=True)
-    must(lambda: start.record(s), "Event.record() after thousands of events")
-    must(lambda: end.record(s), "Event.record() after thousands of events")
-    must(end.synchronize, "Event.synchronize() after thousands of events")
-    assert start.query() and end.query()
-    assert must(lambda: start.elapsed_time(end), "Event.elapsed_time after thousands of events") >= 0.0
+    with scope("EV-LEAK-001.2"):
+        must(lambda: start.record(s), "Event.record() after thousands of events")
+        must(lambda: end.record(s), "Event.record() after thousands of events")
+        must(end.synchronize, "Event.synchronize() after thousands of events")
+        check("EV-LEAK-001.2", start.query() and end.query(), "events recorded after thousands of others never complete")
+        check("EV-LEAK-001.2", must(lambda: start.elapsed_time(end), "Event.elapsed_time after thousands of events")
+              >= 0.0, "elapsed_time after thousands of events is negative")

@@ -103,6 +103,7 @@ def check_state_tensor(state, what: str) -> None:
 # ----------------------------------------------------------------- seeding
 
 
+# decides RG-SEED-001.1 RG-SEED-001.2
 @contract("RG-SEED-001")
 def test_manual_seed_reaches_the_device(mod, dt, n, cxx):
     for attr in ("_is_in_bad_fork", "manual_seed_all"):
@@ -137,6 +138,7 @@ def test_manual_seed_reaches_the_device(mod, dt, n, cxx):
                 f"torch.manual_seed(4321): the seed does not reach the generator the operator uses")
 
 
+# decides RG-SEED-001.3
 @contract("RG-SEED-001")
 def test_device_generator_drives_device_ops(mod, dt, n):
     """The device's own generator, not torch's CPU default generator, feeds
@@ -172,6 +174,7 @@ def test_device_generator_drives_device_ops(mod, dt, n):
 # -------------------------------------------------------------------- state
 
 
+# decides RG-STATE-001.1
 @contract("RG-STATE-001")
 def test_module_rng_state_round_trip(mod, dt, n):
     get_state = module_function(mod, "get_rng_state")
@@ -191,7 +194,9 @@ def test_module_rng_state_round_trip(mod, dt, n):
     assert not wrong, f"set_rng_state(get_rng_state()) did not reproduce the device's numbers for {wrong}"
 
 
+# decides RG-STATE-001.2
 @contract("RG-STATE-001")
+@pytest.mark.requires("multi-device")
 def test_module_rng_state_of_another_device(mod, dt, n, two_devices):
     get_state = module_function(mod, "get_rng_state")
     set_state = module_function(mod, "set_rng_state")
@@ -214,6 +219,7 @@ def test_module_rng_state_of_another_device(mod, dt, n, two_devices):
         assert mod.current_device() == 0, f"get/set_rng_state({spelling!r}) changed the current device"
 
 
+# decides RG-STATE-001.3
 @contract("RG-STATE-001")
 def test_module_rng_state_all_round_trip(mod, dt, n):
     get_all = module_function(mod, "get_rng_state_all")
@@ -230,6 +236,7 @@ def test_module_rng_state_all_round_trip(mod, dt, n):
     assert not wrong, f"set_rng_state_all(get_rng_state_all()) did not reproduce the numbers of devices {wrong}"
 
 
+# decides RG-STATE-001.4
 @contract("RG-STATE-001")
 def test_generator_object_state_round_trip(mod, dt, n, cxx):
     for index in sorted({0, n - 1}):
@@ -261,6 +268,7 @@ def test_generator_object_state_round_trip(mod, dt, n, cxx):
         assert not wrong, f"Generator({device!r}).manual_seed(77) did not restart the sequence for {wrong}"
 
 
+# decides RG-INDEP-001.1 RG-INDEP-001.2 RG-INDEP-001.3
 @contract("RG-INDEP-001")
 def test_devices_have_independent_generators(mod, dt, n, cxx):
     def seed_each() -> None:
@@ -299,6 +307,7 @@ def test_devices_have_independent_generators(mod, dt, n, cxx):
 # ---------------------------------------------------------------- fork_rng
 
 
+# decides RG-FORK-001.1
 @contract("RG-FORK-001")
 def test_fork_rng_restores_device_state(mod, dt, n, cxx):
     assert callable(getattr(mod, "get_rng_state", None)) and callable(getattr(mod, "set_rng_state", None)), \
@@ -337,6 +346,7 @@ def test_fork_rng_restores_device_state(mod, dt, n, cxx):
         assert mod.current_device() == 0, f"fork_rng({label}) changed the current device"
 
 
+# decides RG-FORK-001.2
 @contract("RG-FORK-001")
 def test_fork_rng_default_device_type(mod, dt, n):
     """Without device_type, fork_rng forks the current accelerator: this backend."""
@@ -354,6 +364,7 @@ def test_fork_rng_default_device_type(mod, dt, n):
 # --------------------------------------------------------- module seeding
 
 
+# decides RG-ALL-001.1
 @contract("RG-ALL-001")
 def test_one_default_generator_per_device(mod, dt, n, cxx):
     generators = [default_generator(cxx, i) for i in range(n)]
@@ -374,6 +385,7 @@ def test_one_default_generator_per_device(mod, dt, n, cxx):
                 f"re-seeding the module's default_generators[{i}] did not repeat torch.randn on device {i}"
 
 
+# decides RG-ALL-001.2 RG-ALL-001.3
 @contract("RG-ALL-001")
 def test_seeding_functions(mod, dt, n, cxx):
     manual_seed_all = module_function(mod, "manual_seed_all")
@@ -419,6 +431,7 @@ def test_seeding_functions(mod, dt, n, cxx):
 # -------------------------------------------------------------- offsets
 
 
+# decides RG-OFFSET-001.1
 @contract("RG-OFFSET-001")
 def test_offsets_round_trip_or_raise_clearly(mod, dt, n, cxx):
     candidates = [

@@ -40,13 +40,14 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant,  # noqa: E402
                                  precondition, rule, run_state_machine_as_test)
 
+from privateuse1_conformance.harness.evidence import Violation, scope, tag
+
 from ._helpers import in_thread
 
 contract = pytest.mark.contract
 
 MAX_THREADS = 4
 MAX_DEPTH = 3  # open contexts per thread
-CALL_TIMEOUT = 30.0
 
 
 def _settings(examples: int) -> settings:
@@ -77,18 +78,18 @@ class Worker:
             done.set()
 
     def call(self, call):
+        # No time limit: a call that never returns is a hang the harness sees.
         box: dict = {}
         done = threading.Event()
         self.calls.put((call, box, done))
-        if not done.wait(CALL_TIMEOUT):
-            pytest.fail(f"a call in thread {self.thread.name} did not return within {CALL_TIMEOUT} s", pytrace=False)
+        done.wait()
         if "error" in box:
             raise box["error"]
         return box.get("value")
 
     def stop(self) -> None:
         self.calls.put(None)
-        self.thread.join(CALL_TIMEOUT)
+        self.thread.join()
 
 
 class OwnThread:
@@ -106,20 +107,41 @@ class OwnThread:
 class ThreadModel:
     device: int
     streams: list
-    contexts: list = field(default_factory=list)  # open contexts: (description, manager, restore)
+    contexts: list = field(default_factory=list)  # open contexts: (description, manager, restore, clause)
 
 
-def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
+@dataclass
+class Step:
+    """A rule that ran: what it did, and the clauses a divergence of the
+    device or of the streams seen after it is evidence against."""
+    number: int
+    text: str
+    device_clause: str
+    stream_clause: str
+
+
+class Divergence(Violation):
+    """The state seen after a step is not the model's."""
+
+
+def _first_failure(machine_class):
+    return getattr(machine_class, "first_failure", None)
+
+
+def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int, unclaimed=frozenset()):
     devices = st.integers(0, n - 1)
 
     class Machine(RuleBasedStateMachine):
         streams = Bundle("streams")
+
+        first_failure = None  # (exception, steps): kept across hypothesis' replays
 
         def __init__(self) -> None:
             super().__init__()
             self.workers: list = [OwnThread()]
             self.models = [ThreadModel(device=0, streams=list(defaults))]
             self.active = 0
+            self.steps: list[Step] = []
 
         # ------------------------------------------------------ plumbing
 
@@ -135,6 +157,26 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
         def run(self, call):
             return self.workers[self.active].call(call)
 
+        def step(self, text: str, device_clause: str, stream_clause: str | None = None) -> Step:
+            """Record the rule about to run (its calls are charged to
+            device_clause, with the step's text, if they raise or crash)."""
+            step = Step(len(self.steps) + 1, f"thread {self.active}: {text}", device_clause,
+                        stream_clause or device_clause)
+            self.steps.append(step)
+            return step
+
+        def perform(self, step: Step, call):
+            with scope(step.device_clause, f"step {step.number}, {step.text}"):
+                try:
+                    return self.run(call)
+                except BaseException as error:
+                    self.remember(error)
+                    raise
+
+        def remember(self, error: BaseException) -> None:
+            if type(self).first_failure is None:
+                type(self).first_failure = (error, [f"{s.number}. {s.text}" for s in self.steps])
+
         def teardown(self) -> None:
             try:
                 for index, (worker, model) in enumerate(zip(self.workers, self.models)):
@@ -145,8 +187,9 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
                 for worker in self.workers:
                     worker.stop()
                 # Back to a new thread's state for the next example.
-                for s in defaults:
-                    torch.accelerator.set_stream(s)
+                if "streams" not in unclaimed:
+                    for s in defaults:
+                        torch.accelerator.set_stream(s)
                 torch.accelerator.set_device_index(0)
 
         # --------------------------------------------------------- rules
@@ -155,72 +198,83 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
         def a_default_stream(self):
             return defaults[n - 1]
 
+        @precondition(lambda self: "streams" not in unclaimed)
         @rule(target=streams, d=devices, priority=st.sampled_from([0, -1]))
         def new_stream(self, d, priority):
-            s = self.run(lambda: torch.Stream(device=torch.device(dt, d), priority=priority))
-            assert s.device_index == d, f"torch.Stream(device='{dt}:{d}') is on device {s.device_index}"
+            step = self.step(f"torch.Stream(device='{dt}:{d}', priority={priority})", "ST-NEW-001.2")
+            s = self.perform(step, lambda: torch.Stream(device=torch.device(dt, d), priority=priority))
+            self.expect(step, s.device_index == d, f"torch.Stream(device='{dt}:{d}') is on device {s.device_index}")
             return s
 
         @rule(d=devices, via=st.sampled_from(["module set_device", "torch.accelerator.set_device_index",
                                               "hooks setCurrentDevice"]))
         def set_device(self, d, via):
-            call = {"module set_device": mod.set_device,
-                    "torch.accelerator.set_device_index": torch.accelerator.set_device_index,
-                    "hooks setCurrentDevice": cxx.hooks_set_current_device}[via]
-            self.run(lambda: call(d))
+            call, clause = {"module set_device": (mod.set_device, "DM-SET-001.1"),
+                            "torch.accelerator.set_device_index": (torch.accelerator.set_device_index, "DM-SET-001.2"),
+                            "hooks setCurrentDevice": (cxx.hooks_set_current_device, "HK-DEV-001.3")}[via]
+            self.perform(self.step(f"{via}({d})", clause), lambda: call(d))
             self.model.device = d
 
         @rule(d=devices, via=st.sampled_from(["torch.accelerator exchangeDevice", "hooks exchangeDevice"]))
         def exchange(self, d, via):
-            call = {"torch.accelerator exchangeDevice": torch._C._accelerator_exchangeDevice,
-                    "hooks exchangeDevice": cxx.hooks_exchange_device}[via]
-            previous = self.run(lambda: call(d))
-            assert previous == self.model.device, \
-                f"{via}({d}) returned {previous}, but the thread's device was {self.model.device}"
+            call, clause = {"torch.accelerator exchangeDevice": (torch._C._accelerator_exchangeDevice, "DM-XCHG-001.1"),
+                            "hooks exchangeDevice": (cxx.hooks_exchange_device, "HK-DEV-001.4")}[via]
+            step = self.step(f"{via}({d})", clause)
+            previous = self.perform(step, lambda: call(d))
+            self.expect(step, previous == self.model.device,
+                        f"{via}({d}) returned {previous}, but the thread's device was {self.model.device}")
             self.model.device = d
 
         @rule(d=st.integers(-1, n - 1))
         def maybe_exchange(self, d):
-            result = self.run(lambda: torch._C._accelerator_maybeExchangeDevice(d))
+            step = self.step(f"torch.accelerator maybeExchangeDevice({d})", "DM-MXCHG-001.1" if d == -1 else
+                             "DM-MXCHG-002.1")
+            result = self.perform(step, lambda: torch._C._accelerator_maybeExchangeDevice(d))
             if d != -1:
                 self.model.device = d
-            assert result == self.model.device, \
-                f"torch.accelerator maybeExchangeDevice({d}) returned {result}, expected {self.model.device}"
+            self.expect(step, result in (self.model.device, -1) if d == -1 else result == self.model.device,
+                        f"torch.accelerator maybeExchangeDevice({d}) returned {result}, expected {self.model.device}")
 
+        @precondition(lambda self: "streams" not in unclaimed)
         @rule(s=streams)
         def set_stream(self, s):
-            self.run(lambda: torch.accelerator.set_stream(s))
+            self.perform(self.step(f"torch.accelerator.set_stream({s})", "ST-CUR-001.2"),
+                         lambda: torch.accelerator.set_stream(s))
             self.model.device = s.device_index
             self.model.streams[s.device_index] = s
 
-        def _enter_device_context(self, d, via: str, cm) -> None:
-            self.run(cm.__enter__)
+        def _enter_device_context(self, d, via: str, make, clause: str) -> None:
+            clause = clause if d is not None else "DM-CTX-001.3"
+            step = self.step(f"entering {via}({d})", clause)
+            cm = self.perform(step, lambda: make(d))
+            self.perform(step, cm.__enter__)
             saved = self.model.device
 
             def restore(model: ThreadModel) -> None:
                 if d is not None:
                     model.device = saved
 
-            self.model.contexts.append((f"{via}({d})", cm, restore))
+            self.model.contexts.append((f"{via}({d})", cm, restore, clause))
             if d is not None:
                 self.model.device = d
 
         @precondition(lambda self: len(self.model.contexts) < MAX_DEPTH)
         @rule(d=st.one_of(st.none(), devices))
         def enter_module_device(self, d):
-            self._enter_device_context(d, "the module's device", mod.device(d))
+            self._enter_device_context(d, "the module's device", mod.device, "DM-CTX-001.1")
 
         @precondition(lambda self: len(self.model.contexts) < MAX_DEPTH)
         @rule(d=st.one_of(st.none(), devices))
         def enter_device_index(self, d):
-            self._enter_device_context(d, "torch.accelerator.device_index", torch.accelerator.device_index(d))
+            self._enter_device_context(d, "torch.accelerator.device_index", torch.accelerator.device_index,
+                                       "DM-CTX-001.2")
 
-        @precondition(lambda self: len(self.model.contexts) < MAX_DEPTH)
+        @precondition(lambda self: len(self.model.contexts) < MAX_DEPTH and "streams" not in unclaimed)
         @rule(s=streams)
         def enter_stream(self, s):
             # A fresh wrapper per 'with': PyTorch keeps the context on the object.
             wrapper = torch.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
-            self.run(wrapper.__enter__)
+            self.perform(self.step(f"entering 'with {s}'", "GD-PY-001.1"), wrapper.__enter__)
             d = s.device_index
             saved_device, saved_stream = self.model.device, self.model.streams[d]
             noop = saved_stream == s
@@ -232,19 +286,23 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
                 if d != saved_device:
                     model.device = saved_device
 
-            self.model.contexts.append((f"with {s}", wrapper, restore))
+            self.model.contexts.append((f"with {s}", wrapper, restore, "GD-PY-001.1"))
             if not noop:
                 self.model.device = d
                 self.model.streams[d] = s
 
         def _exit(self, with_exception: bool) -> None:
-            what, cm, restore = self.model.contexts.pop()
+            what, cm, restore, clause = self.model.contexts.pop()
             if with_exception:
+                clause = {"DM-CTX-001.1": "DM-CTX-001.1", "DM-CTX-001.2": "DM-CTX-001.2",
+                          "GD-PY-001.1": "GD-PY-001.2"}.get(clause, clause)
+                step = self.step(f"leaving {what} by an exception", clause)
                 error = KeyError("escapes")
-                suppressed = self.run(lambda: cm.__exit__(KeyError, error, None))
+                suppressed = self.perform(step, lambda: cm.__exit__(KeyError, error, None))
             else:
-                suppressed = self.run(lambda: cm.__exit__(None, None, None))
-            assert not suppressed, f"leaving {what} swallowed the exception"
+                step = self.step(f"leaving {what}", clause)
+                suppressed = self.perform(step, lambda: cm.__exit__(None, None, None))
+            self.expect(step, not suppressed, f"leaving {what} swallowed the exception")
             restore(self.model)
 
         @precondition(lambda self: bool(self.model.contexts))
@@ -257,35 +315,57 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
         def exit_context_by_exception(self):
             self._exit(True)
 
+        def expect(self, step: Step, condition, message: str, clause: str | None = None) -> None:
+            if not condition:
+                error = Divergence(f"step {step.number} ({step.text}) diverged from the model: {message}",
+                                   None, clause or step.device_clause)
+                tag(error, (clause or step.device_clause).split(".")[0], clause or step.device_clause,
+                    f"step {step.number}, {step.text}")
+                self.remember(error)
+                raise error
+
         @invariant()
         def thread_state_matches_the_model(self):
+            if not self.steps:
+                return
+            step = self.steps[-1]
+
             def observe():
                 return {
                     "module current_device()": mod.current_device(),
                     "torch.accelerator.current_device_index()": torch.accelerator.current_device_index(),
-                    "hooks getCurrentDevice()": cxx.hooks_get_current_device(),
                     "guard getDevice()": cxx.guard_get_device()[1],
-                }, [torch.accelerator.current_stream(i) for i in range(n)], torch.accelerator.current_stream()
+                }, cxx.hooks_get_current_device(), \
+                    ([torch.accelerator.current_stream(i) for i in range(n)], torch.accelerator.current_stream()) \
+                    if "streams" not in unclaimed else None
 
-            devices_seen, streams_seen, current = self.run(observe)
+            devices_seen, hooks_seen, streams = self.perform(step, observe)
             model = self.model
             wrong = {k: v for k, v in devices_seen.items() if v != model.device}
-            assert not wrong, f"thread {self.active}: expected device {model.device}, saw {wrong}"
+            self.expect(step, not wrong, f"thread {self.active}: expected device {model.device}, saw {wrong}")
+            self.expect(step, hooks_seen == model.device,
+                        f"thread {self.active}: the hooks' getCurrentDevice() is {hooks_seen}, the device is "
+                        f"{model.device}", "HK-DEV-001.2")
+            if streams is None:
+                return
+            streams_seen, current = streams
             for i in range(n):
-                assert streams_seen[i] == model.streams[i], (
-                    f"thread {self.active}: the current stream of device {i} is {streams_seen[i]}, "
-                    f"expected {model.streams[i]}")
-            assert current == model.streams[model.device], (
-                f"thread {self.active}: torch.accelerator.current_stream() is {current}, expected the current "
-                f"stream of device {model.device}, {model.streams[model.device]}")
+                self.expect(step, streams_seen[i] == model.streams[i],
+                            f"thread {self.active}: the current stream of device {i} is {streams_seen[i]}, expected "
+                            f"{model.streams[i]}", step.stream_clause)
+            self.expect(step, current == model.streams[model.device],
+                        f"thread {self.active}: torch.accelerator.current_stream() is {current}, expected the current "
+                        f"stream of device {model.device}, {model.streams[model.device]}", step.stream_clause)
 
     def make_hop(k: int):
         def hop(self, to):
             # `to` names an existing thread, or starts one more (at most MAX_THREADS).
             if to < len(self.workers):
                 self.active = to
+                self.step("(the test moves to this existing thread)", "DM-THREAD-001.1", "ST-CUR-001.3")
             else:
                 self._new_thread()
+                self.step("(the test starts this new thread)", "DM-GET-001.2", "ST-CUR-001.1")
 
         hop.__name__ = f"hop_to_thread_{k}"
         return rule(to=st.integers(0, MAX_THREADS - 1))(hop)
@@ -295,17 +375,50 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int):
     return Machine
 
 
-def _defaults(n: int) -> list:
+def _defaults(n: int, unclaimed) -> list:
+    if "streams" in unclaimed:
+        return [None] * n
     return in_thread(lambda: [torch.accelerator.current_stream(i) for i in range(n)])
 
 
-@contract("DM-SET-001", "DM-CTX-001", "ST-CUR-001", "GD-PY-001")
-def test_device_and_stream_state_follows_the_model(dt, mod, n, cxx):
-    machine = make_machine(dt, mod, n, cxx, _defaults(n), hop_rules=1)
-    run_state_machine_as_test(machine, settings=_settings(60))
+def run_machine(machine, examples: int) -> None:
+    """Run the state machine; report a divergence as the step that diverged
+    (charged to that step's clause), never as hypothesis' replay errors: a
+    broken backend may behave differently when hypothesis replays an
+    example (FlakyStrategyDefinition, Flaky...), and the first failure seen is
+    the evidence."""
+    machine.first_failure = None
+    try:
+        run_state_machine_as_test(machine, settings=_settings(examples))
+    except BaseException as error:  # noqa: BLE001 - replaced by the first failure, if any
+        first = _first_failure(machine)
+        if first is None:
+            raise
+        cause, steps = first
+        message = f"{cause}\nsteps of the example, up to the divergence:\n  " + "\n  ".join(steps[-30:])
+        if isinstance(cause, AssertionError):
+            replacement = Violation(message)
+        else:
+            replacement = type(cause)(message) if isinstance(cause, Exception) else cause
+        for attribute in ("_pu1_contract", "_pu1_clause", "_pu1_step"):
+            if hasattr(cause, attribute):
+                try:
+                    setattr(replacement, attribute, getattr(cause, attribute))
+                except (AttributeError, TypeError):
+                    pass
+        raise replacement from (cause if cause is not error else None)
 
 
-@contract("DM-THREAD-001", "ST-CUR-001")
-def test_state_is_per_thread_across_thread_hops(dt, mod, n, cxx):
-    machine = make_machine(dt, mod, n, cxx, _defaults(n), hop_rules=4)
-    run_state_machine_as_test(machine, settings=_settings(25))
+# Every clause a step of the machine can be evidence against.
+MACHINE_CONTRACTS = ("DM-SET-001", "DM-CTX-001", "ST-CUR-001", "GD-PY-001", "DM-XCHG-001", "DM-MXCHG-001",
+                     "DM-MXCHG-002", "HK-DEV-001", "ST-NEW-001", "DM-THREAD-001", "DM-GET-001")
+
+
+@contract(*MACHINE_CONTRACTS)
+def test_device_and_stream_state_follows_the_model(dt, mod, n, cxx, unclaimed):
+    run_machine(make_machine(dt, mod, n, cxx, _defaults(n, unclaimed), hop_rules=1, unclaimed=unclaimed), 60)
+
+
+@contract("DM-THREAD-001", *[c for c in MACHINE_CONTRACTS if c != "DM-THREAD-001"])
+def test_state_is_per_thread_across_thread_hops(dt, mod, n, cxx, unclaimed):
+    run_machine(make_machine(dt, mod, n, cxx, _defaults(n, unclaimed), hop_rules=4, unclaimed=unclaimed), 25)

@@ -59,6 +59,7 @@ def check_same(loaded: dict, original: dict, device: torch.device, what: str) ->
         assert torch.equal(got.cpu(), tensor.cpu()), f"{what}: the {key} tensor loaded with different values"
 
 
+# decides SR-RT-001.1
 @contract("SR-RT-001")
 def test_save_load_round_trip(dt, mod, n):
     for index in sorted({0, n - 1}):
@@ -72,6 +73,7 @@ def test_save_load_round_trip(dt, mod, n):
         assert mod.current_device() == 0, "torch.load changed the current device"
 
 
+# decides SR-RT-001.2
 @contract("SR-RT-001")
 def test_views_keep_sharing_storage(dt):
     base = torch.arange(12.0, device=dt)
@@ -86,6 +88,7 @@ def test_views_keep_sharing_storage(dt):
         "writing through one loaded view is not visible through the others"
 
 
+# decides SR-RT-001.3
 @contract("SR-RT-001")
 def test_module_state_dict_round_trip(dt):
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to(dt)
@@ -99,7 +102,9 @@ def test_module_state_dict_round_trip(dt):
     must(lambda: clone.load_state_dict(loaded), "load_state_dict of a loaded device state_dict")
 
 
+# decides SR-RT-001.4
 @contract("SR-RT-001")
+@pytest.mark.requires("multi-device")
 def test_load_restores_the_saved_index(dt, mod, n, two_devices):
     """A tensor saved from device n-1 comes back on n-1, whatever is current."""
     last = n - 1
@@ -111,6 +116,7 @@ def test_load_restores_the_saved_index(dt, mod, n, two_devices):
     assert mod.current_device() == 0, "torch.load changed the current device"
 
 
+# decides SR-MAP-001.1
 @contract("SR-MAP-001")
 def test_map_location_cpu(dt, n):
     original = sample(dt, n - 1)
@@ -120,6 +126,7 @@ def test_map_location_cpu(dt, n):
         check_same(loaded, original, torch.device("cpu"), f"torch.load(map_location={spelling!r})")
 
 
+# decides SR-MAP-001.2
 @contract("SR-MAP-001")
 def test_map_location_to_a_missing_device(dt, n):
     buffer = save({"t": torch.arange(4.0, device=dt)})
@@ -130,7 +137,9 @@ def test_map_location_to_a_missing_device(dt, n):
                    mentions=(str(bad), str(n)))
 
 
+# decides SR-MAP-001.3
 @contract("SR-MAP-001")
+@pytest.mark.requires("multi-device")
 def test_map_location_to_another_device(dt, mod, n, two_devices):
     original = sample(dt, 0)
     buffer = save(original)

@@ -2,128 +2,23 @@
 record_stream, priorities, device synchronization, and the Python stream
 context (torch.Stream as a context manager).
 
-Ordering checks are built so that a fast correct backend always passes and
-a backend that runs work out of order, reports completion early or ignores
-a dependency fails: work big enough to still be in flight is queued with
-copies (asynchronous on every accelerator), and each check either looks at
-values ("the consumer sees the producer's complete result") or compares two
-observations in an order that makes them conclusive ("the stream was still
-busy *after* the other answer was given").
+Ordering is observed while work is certainly in flight where the backend
+offers a gate (instrumentation block_stream), else while long work probably
+still is (see _async.py): a fast correct backend always passes, a
+synchronous one too (nothing is ever pending on it), and a backend that runs
+work out of order, reports completion early or ignores a dependency fails,
+deterministically with a gate.
 """
 
 from __future__ import annotations
 
-import math
-import time
-
 import pytest
 import torch
 
-from ._helpers import in_thread, must, must_raise
+from ._async import SCALES, Load, current_streams, default_streams, hold, new_stream, poll, waited
+from ._helpers import check, in_thread, must, scope
 
 contract = pytest.mark.contract
-
-# Elements of the background load's buffers (2 MiB of float32 per copy).
-LOAD_ELEMENTS = 1 << 19
-# Device time one load aims at: long enough to still be running when the host
-# asks, short enough to keep the suite fast.
-LOAD_SECONDS = 0.03
-LOAD_MAX_UNITS = 256
-# A check whose observation was inconclusive (the work had already finished
-# when the host looked) is repeated with this many times more work.
-SCALES = (1, 4, 16)
-POLL_SECONDS = 10.0
-
-
-class Load:
-    """Asynchronous device work on device `index`, queued on whatever stream
-    is current for that device when `queue`/`write` are called.
-
-    The work is a run of device-to-device copies (asynchronous on every
-    accelerator). `write(target)` fills a float32 target with `value` by a
-    converting copy, so a target read too early still holds zeros.
-    """
-
-    def __init__(self, dt: str, index: int = 0, value: float = 7.0, elements: int = LOAD_ELEMENTS):
-        self.device = torch.device(dt, index)
-        self.value = value
-        self.elements = elements
-        self.src = must(lambda: torch.full((elements,), value, dtype=torch.float64, device=self.device),
-                        f"torch.full(..., dtype=float64, device={self.device})")
-        self.copy_src = must(lambda: torch.full((elements,), 1.0, device=self.device),
-                             f"torch.full(..., device={self.device})")
-        self.scratch = must(lambda: torch.empty(elements, device=self.device),
-                            f"torch.empty(..., device={self.device})")
-        self.units = self._calibrate()
-
-    def unit(self) -> None:
-        self.scratch.copy_(self.copy_src)
-
-    def _calibrate(self) -> int:
-        """Units for LOAD_SECONDS of work at the fastest observed rate (a
-        slow outlier must not shrink the load below what keeps it in flight)."""
-        index = self.device.index
-        self.unit()  # first touch of the memory may be slower
-        must(lambda: torch.accelerator.synchronize(index), f"torch.accelerator.synchronize({index})")
-        fastest = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            self.queue(4)
-            torch.accelerator.synchronize(index)
-            fastest = min(fastest, (time.perf_counter() - start) / 4)
-        return max(4, min(LOAD_MAX_UNITS, math.ceil(LOAD_SECONDS / max(fastest, 1e-7))))
-
-    def queue(self, units: int | None = None) -> None:
-        for _ in range(self.units if units is None else units):
-            self.unit()
-
-    def target(self) -> torch.Tensor:
-        """A zero-filled float32 target; synchronizes so that the zeros are final."""
-        t = torch.zeros(self.elements, dtype=torch.float32, device=self.device)
-        torch.accelerator.synchronize(self.device.index)
-        return t
-
-    def write(self, target: torch.Tensor) -> None:
-        target.copy_(self.src)
-
-    def queue_and_write(self, stream, scale: int = 1) -> torch.Tensor:
-        """On `stream`: `scale` times the calibrated work, then the write of
-        a fresh target, which is returned (zeros until the write has run)."""
-        target = self.target()
-        with stream:
-            self.queue(self.units * scale)
-            self.write(target)
-        return target
-
-    def is_final(self, target: torch.Tensor) -> bool:
-        """Whether `target` holds the written value everywhere (read on the
-        current stream of its device, which synchronizes only that stream)."""
-        return bool((target.cpu() == self.value).all())
-
-
-def poll(condition, seconds: float = POLL_SECONDS) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        if condition():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0005)
-
-
-def default_streams(n: int) -> list[torch.Stream]:
-    """Each device's default stream: the current stream of a fresh thread."""
-    return in_thread(lambda: [torch.accelerator.current_stream(i) for i in range(n)])
-
-
-def current_streams(n: int) -> list[torch.Stream]:
-    return [torch.accelerator.current_stream(i) for i in range(n)]
-
-
-def new_stream(dt: str, index: int = 0, **kwargs) -> torch.Stream:
-    return must(lambda: torch.Stream(device=torch.device(dt, index), **kwargs),
-                f"torch.Stream(device='{dt}:{index}'{', ' if kwargs else ''}"
-                f"{', '.join(f'{k}={v}' for k, v in kwargs.items())})")
 
 
 # ------------------------------------------------------------------ creation
@@ -131,52 +26,74 @@ def new_stream(dt: str, index: int = 0, **kwargs) -> torch.Stream:
 
 @contract("ST-NEW-001")
 def test_new_streams_are_distinct_and_compare_by_id_and_device(dt, n):
-    for i in range(n):
-        a, b = new_stream(dt, i), new_stream(dt, i)
-        for s in (a, b):
-            assert s.device == torch.device(dt, i) and s.device_index == i, \
-                f"torch.Stream(device='{dt}:{i}') belongs to {s.device} (device_index {s.device_index})"
-        assert a.stream_id != b.stream_id, \
-            f"two new streams on {dt}:{i} have the same id {a.stream_id}: getNewStream must hand out distinct streams"
-        assert a != b and len({a, b}) == 2, f"two new streams on {dt}:{i} compare equal or hash to one set entry"
-        copy = torch.Stream(stream_id=a.stream_id, device_index=a.device_index, device_type=a.device_type)
-        assert copy == a and hash(copy) == hash(a) and copy in {a}, \
-            "a torch.Stream rebuilt from (stream_id, device_index, device_type) is not equal to the original"
-        assert copy.device == a.device
-    # Without an index, a new stream belongs to the current device.
-    torch.accelerator.set_device_index(n - 1)
-    s = must(lambda: torch.Stream(device=dt), f"torch.Stream(device={dt!r})")
-    assert s.device_index == n - 1, f"with device {n - 1} current, torch.Stream(device={dt!r}) is on {s.device}"
-    torch.accelerator.set_device_index(0)
     defaults = default_streams(n)
-    fresh = new_stream(dt, 0)
-    assert fresh != defaults[0] and fresh.stream_id != defaults[0].stream_id, \
-        f"a new stream is the default stream of {dt}:0 (id {fresh.stream_id}): the default stream must not be handed out"
-    if n > 1:
-        other = torch.Stream(stream_id=fresh.stream_id, device_index=1, device_type=fresh.device_type)
-        assert other != fresh, "streams with the same id on different devices compare equal"
+    for i in range(n):
+        with scope("ST-NEW-001.1"):
+            a, b = new_stream(dt, i), new_stream(dt, i)
+        for s in (a, b):
+            check("ST-NEW-001.2", s.device == torch.device(dt, i) and s.device_index == i,
+                  f"torch.Stream(device='{dt}:{i}') belongs to {s.device} (device_index {s.device_index})")
+        check("ST-NEW-001.1", a.stream_id != b.stream_id,
+              f"two new streams on {dt}:{i} have the same id {a.stream_id}: getNewStream must hand out distinct streams")
+        check("ST-NEW-001.1", defaults[i] not in (a, b) and defaults[i].stream_id not in (a.stream_id, b.stream_id),
+              f"a new stream of {dt}:{i} is its default stream (id {defaults[i].stream_id})")
+        check("ST-NEW-001.4", a != b and len({a, b}) == 2, f"two new streams on {dt}:{i} compare equal or hash alike")
+        copy = torch.Stream(stream_id=a.stream_id, device_index=a.device_index, device_type=a.device_type)
+        check("ST-NEW-001.4", copy == a and hash(copy) == hash(a) and copy in {a} and copy.device == a.device,
+              "a torch.Stream rebuilt from (stream_id, device_index, device_type) is not equal to the original")
+        if n > 1:
+            other = torch.Stream(stream_id=a.stream_id, device_index=(i + 1) % n, device_type=a.device_type)
+            check("ST-NEW-001.4", other != a, "streams with the same id on different devices compare equal")
+    for j in [n - 1, 0]:
+        torch.accelerator.set_device_index(j)
+        with scope("ST-NEW-001.5"):
+            s = must(lambda: torch.Stream(device=dt), f"torch.Stream(device={dt!r})")
+        check("ST-NEW-001.5", s.device_index == j, f"with device {j} current, torch.Stream(device={dt!r}) is on {s.device}")
 
 
 @contract("ST-NEW-001")
-def test_new_streams_are_independent_queues(dt, n):
-    """Two new streams (and the default stream) must not share one queue:
-    while work is in flight on one, the others are idle."""
+def test_a_stream_of_another_device_works_when_first_used_from_elsewhere(dt, n):
+    """A stream of device j created, first queried and used while another
+    device is current: it belongs to j and runs work there."""
+    for j in reversed(range(n)):
+        other = (j + 1) % n
+        torch.accelerator.set_device_index(other)
+        with scope("ST-NEW-001.2"):
+            s = new_stream(dt, j)
+            first = must(s.query, f"Stream.query() as the first use of a stream of {dt}:{j}, device {other} current")
+            check("ST-NEW-001.2", first is True, f"a new, unused stream of {dt}:{j} reports query() == {first!r}")
+            must(s.synchronize, f"Stream.synchronize() of a stream of {dt}:{j}, device {other} current")
+            target = torch.zeros(1 << 16, device=torch.device(dt, j))
+            source = torch.full((1 << 16,), 3.0, dtype=torch.float64, device=torch.device(dt, j))
+            torch.accelerator.synchronize(j)
+            with s:
+                must(lambda: target.copy_(source), f"a copy on {dt}:{j} with a stream of {dt}:{j} current")
+            must(s.synchronize, f"Stream.synchronize() after work on a stream of {dt}:{j}")
+        check("ST-NEW-001.2", torch.accelerator.current_device_index() == other,
+              f"using a stream of {dt}:{j} left device {torch.accelerator.current_device_index()} current")
+        check("ST-NEW-001.2", bool((target.cpu() == 3.0).all()),
+              f"work queued on a stream of {dt}:{j} (first used with device {other} current) did not happen")
+
+
+@contract("ST-NEW-001")
+def test_new_streams_are_independent_queues(dt, backend):
+    """While work is held on one new stream, another new stream and the
+    default stream are idle."""
     load = Load(dt, 0)
     busy, idle = new_stream(dt, 0), new_stream(dt, 0)
     default = default_streams(1)[0]
     for scale in SCALES:
-        with busy:
-            load.queue(load.units * scale)
-        idle_done = must(idle.query, "Stream.query() of an idle new stream")
-        default_done = must(default.query, "Stream.query() of the idle default stream")
-        busy_done = must(busy.query, "Stream.query()")
+        with hold(backend, busy, load, scale) as held:
+            idle_done = must(idle.query, "Stream.query() of an idle new stream")
+            default_done = must(default.query, "Stream.query() of the idle default stream")
+            busy_done = must(busy.query, "Stream.query()")
+            conclusive = held.held or not busy_done
         busy.synchronize()
-        assert type(busy_done) is bool and type(idle_done) is bool, "Stream.query() must return a bool"
-        if not busy_done:  # still busy after the other answers: they are conclusive
-            assert idle_done, ("while work was in flight on one new stream, another new stream reported "
-                               "query() == False: the two streams share one queue")
-            assert default_done, ("while work was in flight on a new stream, the default stream reported "
-                                  "query() == False: new streams must not alias the default stream")
+        if conclusive:  # still busy after the other answers: they are conclusive
+            check("ST-NEW-001.3", idle_done, "while work was in flight on one new stream, another new stream reported "
+                                             "query() == False: the two streams share one queue")
+            check("ST-NEW-001.3", default_done, "while work was in flight on a new stream, the default stream reported "
+                                                "query() == False: new streams must not alias the default stream")
             break
 
 
@@ -184,81 +101,133 @@ def test_new_streams_are_independent_queues(dt, n):
 def test_stream_priorities(dt):
     load = Load(dt, 0, value=3.0, elements=1 << 12)
     for priority in (0, -1):
-        s = new_stream(dt, 0, priority=priority)
-        assert s.device == torch.device(dt, 0), f"a priority {priority} stream is on {s.device}"
-        target = load.queue_and_write(s, 0)
-        must(s.synchronize, f"Stream.synchronize() of a priority {priority} stream")
-        assert load.is_final(target), f"work on a priority {priority} stream did not happen"
+        with scope("ST-PRIO-001.1"):
+            s = new_stream(dt, 0, priority=priority)
+            target = load.queue_and_write(s, 0)
+            must(s.synchronize, f"Stream.synchronize() of a priority {priority} stream")
+        check("ST-PRIO-001.1", s.device == torch.device(dt, 0) and load.is_final(target),
+              f"work on a priority {priority} stream of {dt}:0 did not happen (stream on {s.device})")
     for priority in (-1000, 1000):
         try:
             s = torch.Stream(device=torch.device(dt, 0), priority=priority)
         except (RuntimeError, ValueError) as e:
-            assert str(e).strip(), f"torch.Stream(priority={priority}) raised {type(e).__name__} without a message"
+            check("ST-PRIO-001.2", str(e).strip(), f"torch.Stream(priority={priority}) raised {type(e).__name__} "
+                                                   "without a message")
             continue
         except Exception as e:  # noqa: BLE001
-            pytest.fail(f"torch.Stream(priority={priority}) must clamp the priority or raise RuntimeError/"
-                        f"ValueError, but raised {type(e).__name__}: {e}", pytrace=False)
-        target = load.queue_and_write(s, 0)
-        must(s.synchronize, f"Stream.synchronize() of a stream created with priority {priority}")
-        assert load.is_final(target), f"a stream created with (clamped) priority {priority} does not run work"
+            check("ST-PRIO-001.2", False, f"torch.Stream(priority={priority}) must clamp the priority or raise "
+                                          f"RuntimeError/ValueError, but raised {type(e).__name__}: {e}")
+        with scope("ST-PRIO-001.2"):
+            target = load.queue_and_write(s, 0)
+            must(s.synchronize, f"Stream.synchronize() of a stream created with priority {priority}")
+        check("ST-PRIO-001.2", load.is_final(target), f"a stream created with (clamped) priority {priority} does not "
+                                                      "run work")
 
 
 # ------------------------------------------------------------ current stream
 
 
 @contract("ST-CUR-001")
-def test_current_stream_is_per_device_and_per_thread(dt, n):
+def test_current_stream_starts_as_the_default_and_is_per_device_and_thread(dt, n):
     defaults = default_streams(n)
     start = current_streams(n)
-    assert start == defaults, f"the current streams at process start {start} are not the default streams {defaults}"
+    check("ST-CUR-001.1", start == defaults,
+          f"the current streams at process start {start} are not the default streams {defaults}")
     for i, s in enumerate(defaults):
-        assert s.device == torch.device(dt, i), f"the default stream of device {i} is on {s.device}"
-    assert torch.accelerator.current_stream() == defaults[0]
+        check("ST-CUR-001.1", s.device == torch.device(dt, i), f"the default stream of device {i} is on {s.device}")
+    check("ST-CUR-001.1", torch.accelerator.current_stream() == defaults[0],
+          "torch.accelerator.current_stream() is not device 0's default stream in a fresh process")
 
-    mine = new_stream(dt, 0)
-    must(lambda: torch.accelerator.set_stream(mine), "torch.accelerator.set_stream(new stream)")
-    assert torch.accelerator.current_stream(0) == mine, "set_stream(s) did not make s current on its device"
-    assert torch.accelerator.current_stream() == mine
-    assert current_streams(n)[1:] == defaults[1:], "set_stream on device 0 changed another device's current stream"
-    assert in_thread(lambda: torch.accelerator.current_stream(0)) == defaults[0], \
-        "set_stream in one thread changed the current stream seen by another thread"
+    for j in reversed(range(n)):
+        other = (j + 1) % n
+        torch.accelerator.set_device_index(other)
+        mine = new_stream(dt, j)
+        with scope("ST-CUR-001.2"):
+            must(lambda: torch.accelerator.set_stream(mine), f"torch.accelerator.set_stream(new stream of {dt}:{j})")
+        check("ST-CUR-001.2", torch.accelerator.current_stream(j) == mine and torch.accelerator.current_stream() == mine,
+              f"set_stream(s) did not make s current on its device {j}")
+        check("ST-CUR-001.2", torch.accelerator.current_device_index() == j,
+              f"torch.accelerator.set_stream(s) must make s's device ({j}) current")
+        others = [k for k in range(n) if k != j]
+        check("ST-CUR-001.2", all(torch.accelerator.current_stream(k) == defaults[k] for k in others),
+              f"set_stream on device {j} changed another device's current stream")
+        with scope("ST-CUR-001.3"):
+            seen = in_thread(lambda: torch.accelerator.current_stream(j))
+        check("ST-CUR-001.3", seen == defaults[j],
+              "set_stream in one thread changed the current stream seen by another (new) thread")
+        theirs = new_stream(dt, j)
 
-    theirs = new_stream(dt, 0)
+        def set_in_thread(theirs=theirs, j=j):
+            torch.accelerator.set_stream(theirs)
+            return torch.accelerator.current_stream(j)
 
-    def set_in_thread():
-        torch.accelerator.set_stream(theirs)
-        return torch.accelerator.current_stream(0)
-
-    assert in_thread(set_in_thread) == theirs, "set_stream in a new thread did not take effect there"
-    assert torch.accelerator.current_stream(0) == mine, "set_stream in another thread changed this thread's stream"
-
-    torch.accelerator.set_stream(defaults[0])
-    assert torch.accelerator.current_stream(0) == defaults[0], "set_stream(default stream) did not restore it"
-    if n > 1:
-        last = new_stream(dt, n - 1)
-        torch.accelerator.set_stream(last)
-        assert torch.accelerator.current_device_index() == n - 1, \
-            "torch.accelerator.set_stream(s) must make s's device current"
-        assert torch.accelerator.current_stream(n - 1) == last
-        assert torch.accelerator.current_stream(0) == defaults[0], \
-            f"set_stream on device {n - 1} changed device 0's current stream"
+        with scope("ST-CUR-001.3"):
+            seen = in_thread(set_in_thread)
+        check("ST-CUR-001.3", seen == theirs, "set_stream in a new thread did not take effect there")
+        check("ST-CUR-001.3", torch.accelerator.current_stream(j) == mine,
+              "set_stream in another thread changed this thread's stream")
+        torch.accelerator.set_stream(defaults[j])
+        check("ST-CUR-001.2", torch.accelerator.current_stream(j) == defaults[j],
+              "set_stream(default stream) did not restore it")
 
 
 @contract("ST-CUR-001")
-def test_work_goes_to_the_current_stream(dt):
-    load = Load(dt, 0)
-    default = default_streams(1)[0]
-    s = new_stream(dt, 0)
+def test_work_goes_to_the_current_stream(dt, n, backend):
+    """Operators (a kernel, a copy between devices' memory and the host) run
+    on the current stream of their device, on every device, whoever's device
+    is current."""
+    for j in reversed(range(n)):
+        load = Load(dt, j)
+        default = default_streams(n)[j]
+        s = new_stream(dt, j)
+        for scale in SCALES:
+            torch.accelerator.set_stream(s)
+            torch.accelerator.set_device_index((j + 1) % n)  # s stays device j's current stream
+            target = load.target()
+            with hold(backend, s, load, scale) as held:
+                load.write(target)  # on device j's current stream: s
+                default_done = must(default.query, f"Stream.query() of {dt}:{j}'s default stream")
+                s_done = must(s.query, "Stream.query()")
+                conclusive = held.held or not s_done
+            s.synchronize()
+            torch.accelerator.set_stream(default)
+            if conclusive:
+                check("ST-CUR-001.4", default_done,
+                      f"with a new stream current on {dt}:{j}, queued work kept the default stream busy: operators "
+                      "must run on the current stream")
+                break
+        check("ST-CUR-001.4", load.is_final(target), f"work queued with a new stream current on {dt}:{j} did not happen")
+
+
+@contract("ST-CUR-001")
+def test_copies_to_the_host_wait_for_the_current_stream(dt, n, backend):
+    """Tensor.cpu() and item() of a tensor written by queued work on a
+    non-default current stream return the written values: the copy to the
+    host is ordered on the current stream, not on the default one."""
+    load = Load(dt, n - 1)
+    s = new_stream(dt, n - 1)
+    torch.accelerator.set_stream(s)
     for scale in SCALES:
-        torch.accelerator.set_stream(s)
-        load.queue(load.units * scale)
-        default_done = default.query()
-        s_done = s.query()
-        s.synchronize()
-        torch.accelerator.set_stream(default)
-        assert s_done or default_done, ("with a new stream current, queued work kept the default stream busy: "
-                                        "operators must run on the current stream")
-        if not s_done:
+        target = load.target()
+        with hold(backend, s, load, scale) as held:
+            load.write(target)
+            with scope("ST-CUR-001.5"):
+                host, early = waited(lambda: target.cpu(), held)
+        check("ST-CUR-001.5", early is not True,
+              "Tensor.cpu() of a tensor written by work queued on the current stream returned while that stream was "
+              "still held: the copy to the host does not wait for the current stream")
+        check("ST-CUR-001.5", bool((host == load.value).all()),
+              "Tensor.cpu() of a tensor written by work queued on the current (non-default) stream returned other "
+              "values: the copy to the host was not ordered after the work")
+        item_target = load.target()
+        with hold(backend, s, load, scale) as held:
+            load.write(item_target)
+            with scope("ST-CUR-001.5"):
+                value, early = waited(lambda: item_target[-1].item(), held)
+        check("ST-CUR-001.5", early is not True and value == load.value,
+              f"item() of an element written by work queued on the current stream gave {value} "
+              f"{'before the stream was released' if early else ''}: it must wait for the current stream")
+        if held.certain:
             break
 
 
@@ -266,37 +235,58 @@ def test_work_goes_to_the_current_stream(dt):
 
 
 @contract("ST-SYNC-001")
-def test_synchronize_waits_for_the_work(dt):
+def test_synchronize_waits_for_the_work(dt, backend):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
     for scale in SCALES:
-        target = load.queue_and_write(s, scale)
-        in_flight = not s.query()
-        must(s.synchronize, "Stream.synchronize()")
-        assert must(s.query, "Stream.query()") is True, \
-            "Stream.query() is False right after Stream.synchronize(): synchronize returned before the work finished"
-        assert load.is_final(target), \
-            "after Stream.synchronize(), the stream's result is incomplete when read from another stream"
+        target = load.target()
+        with hold(backend, s, load, scale) as held:
+            with s:
+                load.write(target)
+            in_flight = held.held or not s.query()
+            with scope("ST-SYNC-001.1"):
+                _, early = waited(lambda: must(s.synchronize, "Stream.synchronize()"), held)
+        check("ST-SYNC-001.1", early is not True,
+              "Stream.synchronize() returned while the stream was still held: it must wait for the stream's work")
+        check("ST-SYNC-001.1", must(s.query, "Stream.query()") is True,
+              "Stream.query() is False right after Stream.synchronize(): synchronize returned before the work finished")
+        check("ST-SYNC-001.1", load.is_final(target),
+              "after Stream.synchronize(), the stream's result is incomplete when read from another stream")
         if in_flight:
             break
 
 
 @contract("ST-SYNC-001")
-def test_query_true_means_the_work_is_done(dt):
-    load = Load(dt, 0)
+def test_query_is_false_while_work_is_pending_and_true_only_when_done(dt, backend):
+    """The last task queued on the stream is still running (held, or a long
+    write): query() must say so, and True must mean the result is final."""
+    load = Load(dt, 0, elements=1 << 22)  # a long last task: a 16 MiB converting write
     s = new_stream(dt, 0)
     for scale in SCALES:
-        target = load.queue_and_write(s, scale)
+        target = load.target()
+        with hold(backend, s, load, scale) as held:
+            pending = must(s.query, "Stream.query() with work held on the stream")
+            still_held = held.held
+        if still_held:
+            check("ST-SYNC-001.2", pending is False,
+                  "Stream.query() returned True while the stream was held (its last task still running): query() "
+                  "must report work that has not finished")
+        s.synchronize()
+        target = load.target()
+        with s:
+            load.queue(load.units * scale)
+            load.write(target)  # the last task: long, and the one whose result is read
         in_flight = not s.query()
-        assert poll(s.query), f"Stream.query() stayed False for {POLL_SECONDS} s after the work was queued"
-        assert load.is_final(target), \
-            "Stream.query() returned True, but the stream's result was still incomplete: completion reported early"
-        if in_flight:
+        poll(s.query)  # a query() that never turns True is a hang (no progress) of this contract
+        check("ST-SYNC-001.2", load.is_final(target),
+              "Stream.query() returned True while the stream's last task was still writing its result: completion "
+              "reported early")
+        if still_held or in_flight:
             break
 
 
 @contract("ST-SYNC-001")
-def test_work_on_one_stream_runs_in_order(dt):
+def test_work_on_one_stream_runs_in_order(dt, backend):
     elements = 1 << 19
     steps = 8
     device = torch.device(dt, 0)
@@ -305,107 +295,140 @@ def test_work_on_one_stream_runs_in_order(dt):
     b = torch.zeros(elements, dtype=torch.float32, device=device)
     torch.accelerator.synchronize(0)
     s = new_stream(dt, 0)
-    with s:
-        for k in range(steps):
-            a.copy_(values[k])   # converting copy: a kernel
-            b.copy_(a)           # plain copy: depends on the previous kernel
+    load = Load(dt, 0)
+    with hold(backend, s, load):  # everything below is queued before any of it runs
+        with s:
+            for k in range(steps):
+                a.copy_(values[k])   # converting copy: a kernel
+                b.copy_(a)           # plain copy: depends on the previous kernel
     s.synchronize()
     a_host, b_host = a.cpu(), b.cpu()
-    assert bool((a_host == steps).all()), \
-        f"after {steps} ordered writes on one stream, the tensor holds {sorted(set(a_host.unique().tolist()))}, not {steps}"
-    assert bool((b_host == steps).all()), \
-        "a copy queued after a write on the same stream read another value: work on one stream ran out of order"
+    check("ST-SYNC-001.3", bool((a_host == steps).all()),
+          f"after {steps} ordered writes on one stream, the tensor holds {sorted(set(a_host.unique().tolist()))}, "
+          f"not {steps}")
+    check("ST-SYNC-001.3", bool((b_host == steps).all()),
+          "a copy queued after a write on the same stream read another value: work on one stream ran out of order")
 
 
 @contract("ST-SYNC-001")
-def test_device_synchronize_waits_for_every_stream(dt):
+def test_device_synchronize_waits_for_every_stream(dt, backend):
+    """Two new streams held (or busy), a short write on the current one:
+    torch.accelerator.synchronize() must wait for all three."""
     load = Load(dt, 0)
-    # Long work on two new streams, a short write on the current one: waiting
-    # for the current stream alone returns while the others still run.
     streams = [new_stream(dt, 0), new_stream(dt, 0), default_streams(1)[0]]
     for scale in SCALES:
         targets = [load.target() for _ in streams]
-        for k, (s, target) in enumerate(zip(streams, targets)):
-            with s:
-                load.queue(load.units * scale if k < 2 else 0)
-                load.write(target)
-        in_flight = not streams[0].query() or not streams[1].query()
-        must(torch.accelerator.synchronize, "torch.accelerator.synchronize()")
-        busy = [str(s) for s in streams if not s.query()]
-        assert not busy, f"after torch.accelerator.synchronize(), streams still report pending work: {busy}"
+        holds = [hold(backend, s, load, scale) for s in streams[:2]]
         for s, target in zip(streams, targets):
-            assert load.is_final(target), f"after torch.accelerator.synchronize(), the work of {s} is incomplete"
+            with s:
+                load.write(target)
+        in_flight = any(h.held for h in holds) or not streams[0].query() or not streams[1].query()
+
+        def sync_all() -> None:
+            must(torch.accelerator.synchronize, "torch.accelerator.synchronize()")
+
+        with scope("ST-SYNC-001.4"):
+            # The second hold is released first, the first after the delay:
+            # returning early means not waiting for the first stream.
+            holds[1].release()
+            _, early = waited(sync_all, holds[0])
+        for h in holds:
+            h.release()
+        check("ST-SYNC-001.4", early is not True,
+              "torch.accelerator.synchronize() returned while a stream of the device was still held")
+        busy = [str(s) for s in streams if not s.query()]
+        check("ST-SYNC-001.4", not busy, f"after torch.accelerator.synchronize(), streams still report pending work: "
+                                         f"{busy}")
+        for s, target in zip(streams, targets):
+            check("ST-SYNC-001.4", load.is_final(target), f"after torch.accelerator.synchronize(), the work of {s} is "
+                                                          "incomplete")
         if in_flight:
             break
 
 
 @contract("ST-DEVSYNC-001")
-def test_synchronize_names_the_device(dt, n, cxx):
+@pytest.mark.parametrize("how", ["torch.accelerator.synchronize(i)", "torch.accelerator.synchronize(torch.device)",
+                                 "the guard's synchronizeDevice(i)"])
+def test_synchronize_names_the_device(how, dt, n, cxx, backend):
     last = n - 1
+    clause = {"torch.accelerator.synchronize(i)": "ST-DEVSYNC-001.1",
+              "torch.accelerator.synchronize(torch.device)": "ST-DEVSYNC-001.2",
+              "the guard's synchronizeDevice(i)": "ST-DEVSYNC-001.3"}[how]
+    sync = {"torch.accelerator.synchronize(i)": torch.accelerator.synchronize,
+            "torch.accelerator.synchronize(torch.device)": lambda i: torch.accelerator.synchronize(torch.device(dt, i)),
+            "the guard's synchronizeDevice(i)": cxx.guard_synchronize_device}[how]
     load = Load(dt, last)
     pool = new_stream(dt, last)
     default = torch.accelerator.current_stream(last)
-    for how, sync in (("torch.accelerator.synchronize", torch.accelerator.synchronize),
-                      ("torch.accelerator.synchronize(torch.device)", lambda i: torch.accelerator.synchronize(
-                          torch.device(dt, i))),
-                      ("the guard's synchronizeDevice", cxx.guard_synchronize_device)):
-        for scale in SCALES:
-            targets = [load.target(), load.target()]
-            torch.accelerator.set_device_index(0)
-            # A short write on device `last`'s current stream (device 0 stays
-            # current), long work on another stream of device `last`.
-            load.write(targets[0])
+    for scale in SCALES:
+        targets = [load.target(), load.target()]
+        torch.accelerator.set_device_index(0)
+        # A short write on device `last`'s current stream (device 0 stays
+        # current), held or long work on another stream of device `last`.
+        load.write(targets[0])
+        with hold(backend, pool, load, scale) as held:
             with pool:
-                load.queue(load.units * scale)
                 load.write(targets[1])
-            assert torch.accelerator.current_device_index() == 0
-            in_flight = not pool.query()
-            must(lambda: sync(last), f"{how}({last}) with device 0 current")
-            assert torch.accelerator.current_device_index() == 0, f"{how}({last}) changed the current device"
-            busy = [str(s) for s in (default, pool) if not s.query()]
-            assert not busy, (f"{how}({last}) with device 0 current returned while streams of device {last} "
-                              f"still had work: {busy} (it must wait for every stream of the device it names)")
-            assert all(load.is_final(t) for t in targets)
-            if in_flight:
-                break
+            in_flight = held.held or not pool.query()
+            with scope(clause):
+                _, early = waited(lambda: must(lambda: sync(last), f"{how} with device 0 current"), held)
+        check(clause, early is not True, f"{how}({last}) with device 0 current returned while a stream of device "
+                                         f"{last} was still held: it must wait for every stream of the device it names")
+        check("ST-DEVSYNC-001.4", torch.accelerator.current_device_index() == 0, f"{how}({last}) changed the current "
+                                                                                  "device")
+        busy = [str(s) for s in (default, pool) if not s.query()]
+        check(clause, not busy, f"{how}({last}) with device 0 current returned while streams of device {last} still "
+                                f"had work: {busy}")
+        check(clause, all(load.is_final(t) for t in targets), f"after {how}({last}), the device's work is incomplete")
+        if in_flight:
+            break
 
 
 # ------------------------------------------------------------ cross-stream order
 
 
-def check_producer_consumer(dt, make_consumer_wait, consumer_is_current: bool, what: str) -> None:
-    """The producer writes a target after long work; the consumer waits (by
-    `make_consumer_wait`) and copies it. Conclusive when the producer was
-    still busy after the consumer's copy was queued."""
+def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current: bool, clause: str, what: str) -> None:
+    """The producer writes a target behind held work; the consumer waits (by
+    `make_consumer_wait`) and copies it. While the producer is held the
+    consumer must not have finished; once all is done it holds the result."""
     load = Load(dt, 0)
     producer = new_stream(dt, 0)
     consumer = torch.accelerator.current_stream(0) if consumer_is_current else new_stream(dt, 0)
     for scale in SCALES:
         consumed = load.target()  # first: target() synchronizes the device
-        produced = load.queue_and_write(producer, scale)
-        make_consumer_wait(producer, consumer)
-        with consumer:
-            consumed.copy_(produced)
-        in_flight = not producer.query()
+        produced = load.target()
+        with hold(backend, producer, load, scale) as held:
+            with producer:
+                load.write(produced)
+            with scope(clause):
+                make_consumer_wait(producer, consumer)
+            with consumer:
+                consumed.copy_(produced)
+            consumer_done = consumer.query()
+            conclusive = held.held or not producer.query()
+            still_held = held.held
+        if still_held:
+            check(clause, not consumer_done,
+                  f"after {what}, the consumer stream finished while the producer was still held: the wait did not "
+                  "order the streams")
         consumer.synchronize()
-        assert load.is_final(consumed), (f"after {what}, the consumer stream read the producer's result before "
-                                         "the producer finished: the wait did not order the streams")
+        check(clause, load.is_final(consumed), f"after {what}, the consumer stream read the producer's result before "
+                                               "the producer finished: the wait did not order the streams")
         producer.synchronize()
-        if in_flight:
+        if conclusive:
             break
 
 
 @contract("ST-WAIT-001")
 @pytest.mark.parametrize("consumer_is_current", [False, True], ids=["new-consumer", "current-consumer"])
-def test_wait_stream_orders_consumer_after_producer(dt, consumer_is_current):
-    check_producer_consumer(
-        dt, lambda p, c: must(lambda: c.wait_stream(p), "Stream.wait_stream(producer)"), consumer_is_current,
-        "consumer.wait_stream(producer)")
+def test_wait_stream_orders_consumer_after_producer(dt, backend, consumer_is_current):
+    check_producer_consumer(dt, backend, lambda p, c: must(lambda: c.wait_stream(p), "Stream.wait_stream(producer)"),
+                            consumer_is_current, "ST-WAIT-001.1", "consumer.wait_stream(producer)")
 
 
 @contract("ST-WAIT-001")
 @pytest.mark.parametrize("how", ["Stream.wait_event", "Event.wait"])
-def test_wait_event_orders_consumer_after_producer(dt, how):
+def test_wait_event_orders_consumer_after_producer(dt, backend, how):
     def wait(producer, consumer):
         if how == "Stream.wait_event":
             event = must(producer.record_event, "Stream.record_event()")
@@ -415,19 +438,20 @@ def test_wait_event_orders_consumer_after_producer(dt, how):
             must(lambda: event.record(producer), "Event.record(producer)")
             must(lambda: event.wait(consumer), "Event.wait(consumer)")
 
-    check_producer_consumer(dt, wait, False, how)
+    check_producer_consumer(dt, backend, wait, False,
+                            "ST-WAIT-001.2" if how == "Stream.wait_event" else "ST-WAIT-001.3", how)
 
 
 # ------------------------------------------------------------ record_stream
 
 
 @contract("ST-REC-001")
-def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend):
-    elements = LOAD_ELEMENTS
+def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend, unclaimed):
+    elements = 1 << 19
     device = torch.device(dt, 0)
     load = Load(dt, 0)
     side = new_stream(dt, 0)
-    stats = "memory-stats" not in backend.manifest.unclaimed
+    stats = "memory-stats" not in unclaimed
     for scale in SCALES:
         baseline = torch.accelerator.memory_allocated(0) if stats else 0
         out = load.target()
@@ -435,24 +459,26 @@ def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend):
         torch.accelerator.synchronize(0)
         x_start = x.data_ptr()
         x_end = x_start + x.untyped_storage().nbytes()
-        with side:
-            load.queue(load.units * scale)   # the side stream is busy ...
-            out.copy_(x)                     # ... and reads x only afterwards
-        must(lambda: x.record_stream(side), "Tensor.record_stream(stream)")
-        del x
-        # The current stream reuses memory of the same size at once and overwrites it.
-        z = torch.empty(elements, dtype=torch.float32, device=device)
-        z.fill_(-1.0)
-        z_start = z.data_ptr()
-        side_busy = not side.query()
+        with hold(backend, side, load, scale) as held:  # the side stream is busy ...
+            with side:
+                out.copy_(x)                             # ... and reads x only afterwards
+            with scope("ST-REC-001.1"):
+                must(lambda: x.record_stream(side), "Tensor.record_stream(stream)")
+            del x
+            # The current stream reuses memory of the same size at once and overwrites it.
+            z = torch.empty(elements, dtype=torch.float32, device=device)
+            z.fill_(-1.0)
+            z_start = z.data_ptr()
+            side_busy = held.held or not side.query()
         side.synchronize()
         overlaps = z_start < x_end and x_start < z_start + z.untyped_storage().nbytes()
         if side_busy:
-            assert not overlaps, ("memory freed after record_stream(s) was handed to a new allocation while s "
-                                  "still had work queued: the allocator must wait for s (recordDataPtrOnStream)")
-        assert bool((out.cpu() == 3.0).all()), (
-            "a stream read a tensor after record_stream(stream) and del, and saw it overwritten by a later "
-            "allocation: memory was reused before the stream's work completed")
+            check("ST-REC-001.2", not overlaps,
+                  "memory freed after record_stream(s) was handed to a new allocation while s still had work queued: "
+                  "the allocator must wait for s (recordDataPtrOnStream)")
+        check("ST-REC-001.2", bool((out.cpu() == 3.0).all()),
+              "a stream read a tensor after record_stream(stream) and del, and saw it overwritten by a later "
+              "allocation: memory was reused before the stream's work completed")
         del z
         if stats:
             torch.accelerator.synchronize(0)
@@ -460,9 +486,9 @@ def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend):
             del again
             del out
             now = torch.accelerator.memory_allocated(0)
-            assert now == baseline, (
-                "after record_stream, del and synchronize, memory_allocated() did not return to its previous "
-                f"value ({now} != {baseline}): the recorded block was never released")
+            check("ST-REC-001.3", now == baseline,
+                  "after record_stream, del and synchronize, memory_allocated() did not return to its previous value "
+                  f"({now} != {baseline}): the recorded block was never released")
         if side_busy:
             break
 
@@ -482,43 +508,47 @@ def test_stream_context_restores_device_and_stream(dt, n):
     torch.accelerator.set_stream(previous)
     torch.accelerator.set_device_index(0)
     before = _state(n)
-    assert before[1][last] == previous
+    check("GD-PY-001.1", before[1][last] == previous, "set_stream did not take effect (ST-CUR-001's business)")
 
     s = new_stream(dt, last)
     with s:
-        assert torch.accelerator.current_device_index() == last, \
-            f"inside 'with torch.Stream(device={dt}:{last})', device {torch.accelerator.current_device_index()} is current"
-        assert torch.accelerator.current_stream(last) == s and torch.accelerator.current_stream() == s, \
-            "inside 'with stream', the stream is not current"
+        check("GD-PY-001.1", torch.accelerator.current_device_index() == last,
+              f"inside 'with torch.Stream(device={dt}:{last})', device {torch.accelerator.current_device_index()} "
+              "is current")
+        check("GD-PY-001.1", torch.accelerator.current_stream(last) == s and torch.accelerator.current_stream() == s,
+              "inside 'with stream', the stream is not current")
         inner = new_stream(dt, 0)
         with inner:
-            assert torch.accelerator.current_device_index() == 0
-            assert torch.accelerator.current_stream(0) == inner
+            check("GD-PY-001.1", torch.accelerator.current_device_index() == 0
+                  and torch.accelerator.current_stream(0) == inner, "a nested 'with stream' did not switch")
             if last != 0:
-                assert torch.accelerator.current_stream(last) == s, "a nested stream context changed another device's stream"
-        assert torch.accelerator.current_device_index() == last, "leaving a nested stream context did not restore the device"
-        assert torch.accelerator.current_stream(last) == s, "leaving a nested stream context did not restore the stream"
+                check("GD-PY-001.1", torch.accelerator.current_stream(last) == s,
+                      "a nested stream context changed another device's stream")
+        check("GD-PY-001.1", torch.accelerator.current_device_index() == last
+              and torch.accelerator.current_stream(last) == s, "leaving a nested stream context did not restore")
         if last != 0:
-            assert torch.accelerator.current_stream(0) == before[1][0]
-    assert _state(n) == before, f"leaving 'with stream' left {_state(n)}, not {before}"
+            check("GD-PY-001.1", torch.accelerator.current_stream(0) == before[1][0],
+                  "leaving a nested stream context did not restore device 0's stream")
+    check("GD-PY-001.1", _state(n) == before, f"leaving 'with stream' left {_state(n)}, not {before}")
 
     with pytest.raises(KeyError):
         with s:
             raise KeyError("escapes")
-    assert _state(n) == before, f"an exception escaping 'with stream' left {_state(n)}, not {before}"
+    check("GD-PY-001.2", _state(n) == before, f"an exception escaping 'with stream' left {_state(n)}, not {before}")
 
     # device_index switches the device only: each device keeps its current stream.
     for exc in (False, True):
         try:
             with torch.accelerator.device_index(last):
-                assert torch.accelerator.current_stream() == previous, \
-                    "inside torch.accelerator.device_index(i), the current stream is not device i's current stream"
+                check("GD-PY-001.3", torch.accelerator.current_stream() == previous,
+                      "inside torch.accelerator.device_index(i), the current stream is not device i's current stream")
                 if exc:
                     raise KeyError("escapes")
         except KeyError:
             pass
-        assert _state(n) == before, \
-            f"leaving torch.accelerator.device_index({last}){' by an exception' if exc else ''} left {_state(n)}, not {before}"
+        check("GD-PY-001.3", _state(n) == before,
+              f"leaving torch.accelerator.device_index({last}){' by an exception' if exc else ''} left {_state(n)}, "
+              f"not {before}")
     with torch.accelerator.device_index(None):
-        assert _state(n) == before
-    assert _state(n) == before
+        check("GD-PY-001.3", _state(n) == before, "torch.accelerator.device_index(None) changed the state")
+    check("GD-PY-001.3", _state(n) == before, "leaving torch.accelerator.device_index(None) changed the state")

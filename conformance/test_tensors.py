@@ -11,17 +11,14 @@ import warnings
 import pytest
 import torch
 
-from ._helpers import in_thread, must, must_raise
+from ._async import Load, hold, waited
+from ._helpers import check, in_thread, inconclusive, must, must_raise, scope
 
 contract = pytest.mark.contract
 
-# Used when the backend cannot say which dtypes it supports.
-STANDARD_DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.uint16, torch.uint32, torch.uint64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
-    torch.complex64, torch.complex128,
-]
+# Used when the backend cannot say which dtypes it supports: the ones every
+# accelerator PyTorch knows has (float64 and complex types are not universal).
+BASIC_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32]
 
 QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 
@@ -34,9 +31,9 @@ def supported_dtypes(dt: str) -> tuple[list[torch.dtype], str]:
         capability = torch.accelerator.get_device_capability(torch.device(dt, 0))
         dtypes = capability["supported_dtypes"]
     except Exception as e:  # noqa: BLE001 - not supported: fall back, and say so
-        return list(STANDARD_DTYPES), (
+        return list(BASIC_DTYPES), (
             f" (torch.accelerator.get_device_capability() is not supported by the backend "
-            f"[{type(e).__name__}: {e}], so the standard dtype list was checked)")
+            f"[{type(e).__name__}: {e}], so only {', '.join(map(str, BASIC_DTYPES))} were checked)")
     return sorted(dtypes, key=str), " (dtypes from torch.accelerator.get_device_capability())"
 
 
@@ -133,7 +130,14 @@ def test_round_trip_is_exact_for_every_supported_dtype(dt, n):
         def patterns(raw=raw, dtype=dtype):
             return raw.view(dtype)
 
+        if dtype == torch.bool:
+            # PyTorch defines only the bytes 0 and 1 for bool: a backend may
+            # normalize any other byte, so bools are built from values only.
+            def patterns(dtype=dtype):
+                return torch.tensor([True, False, False, True] * 32, dtype=dtype)
+
         to = lambda c, d: c.to(d)  # noqa: E731
+        # decides TP-RT-001.1 TP-RT-001.2 TP-RT-001.3 TP-RT-001.5
         check("bit patterns (Tensor.to)", dtype, patterns, to)
         check("bit patterns, non-contiguous (transposed)", dtype, lambda: patterns().view(-1, 8).t(), to)
         check("bit patterns, 0-dim", dtype, lambda: patterns()[3].clone(), to)
@@ -147,6 +151,7 @@ def test_round_trip_is_exact_for_every_supported_dtype(dt, n):
                     warnings.simplefilter("ignore")
                     return torch.tensor(values, dtype=dtype)
 
+            # decides TP-RT-001.4
             check("special values via torch.tensor(x, device=...)", dtype, from_values,
                   lambda c, d, values=values, dtype=dtype: torch.tensor(values, dtype=dtype, device=d))
     assert not problems, (f"round trips through the device are not exact{note}:\n  "
@@ -167,34 +172,73 @@ def test_copies_between_devices(dt, n, mod):
         mod.set_device(current)
         source_device, target_device = torch.device(dt, i), torch.device(dt, j)
         where = f"{source_device} -> {target_device} (device {current} current)"
-
-        # The source is produced by queued work on device i: the copy must wait for it.
         source = torch.arange(count, dtype=torch.float32).to(source_device).mul_(3).add_(1)
-        moved = must(lambda: source.to(target_device), f"Tensor.to {where}")
-        assert moved.device == target_device, f"Tensor.to {where} landed on {moved.device}"
-        assert mod.current_device() == current, f"Tensor.to {where} left device {mod.current_device()} current"
+        with scope("TP-D2D-001.1"):
+            moved = must(lambda: source.to(target_device), f"Tensor.to {where}")
+        check("TP-D2D-001.1", moved.device == target_device, f"Tensor.to {where} landed on {moved.device}")
+        check("TP-D2D-001.1", mod.current_device() == current,
+              f"Tensor.to {where} left device {mod.current_device()} current")
 
         into = torch.zeros(count, device=target_device)
-        must(lambda: into.copy_(source), f"copy_ {where}")
+        with scope("TP-D2D-001.1"):
+            must(lambda: into.copy_(source), f"copy_ {where}")
         source.fill_(-5)  # must not reach the copies already made
         into.add_(0)
-        assert torch.equal(moved.cpu(), expected), f"Tensor.to {where} changed the values"
-        assert torch.equal(into.cpu(), expected), f"copy_ {where} changed the values (or saw a later write)"
-        assert torch.equal(source.cpu(), torch.full((count,), -5.0)), f"the source on {source_device} changed"
+        check("TP-D2D-001.1", torch.equal(moved.cpu(), expected), f"Tensor.to {where} changed the values")
+        check("TP-D2D-001.3", torch.equal(into.cpu(), expected), f"copy_ {where} changed the values (or saw a later "
+                                                                 "write to the source)")
+        check("TP-D2D-001.3", torch.equal(source.cpu(), torch.full((count,), -5.0)), f"the source on {source_device} "
+                                                                                      "changed")
 
-        fast = must(lambda: source.to(target_device, non_blocking=True), f"non_blocking Tensor.to {where}")
-        torch.accelerator.synchronize(j)
-        assert fast.device == target_device and torch.equal(fast.cpu(), torch.full((count,), -5.0)), \
-            f"a non_blocking copy {where} gave wrong values after synchronize"
+        with scope("TP-D2D-001.4"):
+            fast = must(lambda: source.to(target_device, non_blocking=True), f"non_blocking Tensor.to {where}")
+            torch.accelerator.synchronize(j)
+        check("TP-D2D-001.4", fast.device == target_device and torch.equal(fast.cpu(), torch.full((count,), -5.0)),
+              f"a non_blocking copy {where} gave wrong values after synchronize")
 
         matrix = torch.arange(64 * 48, dtype=torch.float64).view(64, 48)
         strided = matrix.to(source_device).t()[::2]
-        copied = must(lambda: strided.to(target_device), f"a non-contiguous Tensor.to {where}")
-        assert copied.device == target_device and torch.equal(copied.cpu(), matrix.t()[::2]), \
-            f"a non-contiguous copy {where} changed the values"
-        converted = source.to(target_device, dtype=torch.float64)
-        assert converted.device == target_device and converted.dtype == torch.float64
-        assert torch.equal(converted.cpu(), torch.full((count,), -5.0, dtype=torch.float64))
+        with scope("TP-D2D-001.5"):
+            copied = must(lambda: strided.to(target_device), f"a non-contiguous Tensor.to {where}")
+            converted = must(lambda: source.to(target_device, dtype=torch.float64), f"Tensor.to {where}, float64")
+        check("TP-D2D-001.5", copied.device == target_device and torch.equal(copied.cpu(), matrix.t()[::2]),
+              f"a non-contiguous copy {where} changed the values")
+        check("TP-D2D-001.5", converted.device == target_device and converted.dtype == torch.float64
+              and torch.equal(converted.cpu(), torch.full((count,), -5.0, dtype=torch.float64)),
+              f"a converting copy {where} gave other values")
+
+
+@contract("TP-D2D-001")
+@pytest.mark.parametrize("how", ["Tensor.to", "copy_"])
+def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, n, mod, backend):
+    """The source is written by work queued (and held) on its own device's
+    current stream: the copy must read it only after that work, whichever
+    device is current and however the backend orders the copy."""
+    count = 1 << 20
+    for i, j in sorted({(0, n - 1), (n - 1, 0)}):
+        mod.set_device(j)  # the target's device current: the source's stream is not
+        load = Load(dt, i)
+        source = torch.zeros(count, device=torch.device(dt, i))
+        values = torch.full((count,), 9.0, dtype=torch.float64, device=torch.device(dt, i))
+        target = torch.zeros(count, device=torch.device(dt, j))
+        torch.accelerator.synchronize(i)
+        torch.accelerator.synchronize(j)
+        stream = torch.accelerator.current_stream(i)
+        with hold(backend, stream, load) as held:
+            with torch.accelerator.device_index(i):
+                source.copy_(values)  # queued behind the hold on device i's current stream
+            with scope("TP-D2D-001.2"):
+                if how == "Tensor.to":
+                    result, _ = waited(lambda: source.to(torch.device(dt, j)), held)
+                else:
+                    result, _ = waited(lambda: target.copy_(source), held)
+        with scope("TP-D2D-001.2"):
+            torch.accelerator.synchronize(i)
+            torch.accelerator.synchronize(j)
+            got = result.cpu()
+        check("TP-D2D-001.2", result.device == torch.device(dt, j) and bool((got == 9.0).all()),
+              f"{how} from {dt}:{i} to {dt}:{j} (device {j} current) read the source before the work queued on "
+              f"{dt}:{i}'s current stream had written it: the copy must be ordered after the source's stream")
 
 
 # ----------------------------------------------------------------------- views
@@ -217,6 +261,7 @@ VIEWS = [
 ]
 
 
+# decides TP-VIEW-001.1 TP-VIEW-001.2
 @contract("TP-VIEW-001")
 @pytest.mark.parametrize("name,make,writable", VIEWS, ids=[v[0] for v in VIEWS])
 def test_views_share_storage_like_cpu(name, make, writable, dt, n):
@@ -260,6 +305,7 @@ def test_views_share_storage_like_cpu(name, make, writable, dt, n):
     assert torch.equal(base.cpu(), cpu), f"after fill_ on {name}, the base differs from CPU"
 
 
+# decides TP-VIEW-001.4 TP-VIEW-001.6
 @contract("TP-VIEW-001")
 def test_set_and_storage_offsets(dt, n):
     device = torch.device(dt, n - 1)
@@ -277,6 +323,20 @@ def test_set_and_storage_offsets(dt, n):
     expected.mul_(-1)
     assert torch.equal(base.cpu(), cpu), "a write through a set_ tensor does not reach the storage's other users"
 
+    # The same overload without strides (they default to contiguous ones):
+    # the offset must still count.
+    # decides TP-VIEW-001.4
+    t = must(lambda: torch.empty(0, device=device).set_(storage, 7, (2, 4)),
+             "Tensor.set_(storage, offset, size) without strides on the device")
+    expected = torch.empty(0).set_(cpu.untyped_storage(), 7, (2, 4))
+    assert t.device == device and t.storage_offset() == 7 and t.stride() == (4, 1), \
+        f"set_(storage, 7, (2, 4)) gave offset {t.storage_offset()}, strides {t.stride()} on {t.device}"
+    assert t.data_ptr() == base.data_ptr() + 7 * 4, "set_(storage, 7, size): data_ptr() is not storage + 28 bytes"
+    assert torch.equal(t.cpu(), expected), f"set_(storage, 7, size) reads {t.cpu()}, on CPU {expected}"
+    every = must(lambda: torch.empty(0, device=device).set_(storage), "Tensor.set_(storage)")
+    assert every.data_ptr() == base.data_ptr() and every.numel() == storage.nbytes() // 4, \
+        "Tensor.set_(storage) does not view the whole storage"
+
     whole = must(lambda: torch.empty(3, device=device).set_(base), "Tensor.set_(tensor)")
     assert whole.data_ptr() == base.data_ptr() and torch.equal(whole.cpu(), cpu)
     whole.fill_(2.0)
@@ -291,6 +351,7 @@ def test_set_and_storage_offsets(dt, n):
         "a copy made by contiguous()/clone() changed when its source was written"
 
 
+# decides TP-VIEW-001.5
 @contract("TP-VIEW-001")
 def test_set_keeps_the_device(dt, n):
     device = torch.device(dt, n - 1)  # device 0 stays current
@@ -309,6 +370,7 @@ def test_set_keeps_the_device(dt, n):
             "a refused set_ with a storage of another device changed the tensor"
 
 
+# decides TP-VIEW-001.3
 @contract("TP-VIEW-001")
 def test_dtype_views_share_storage(dt, n):
     device = torch.device(dt, n - 1)
@@ -344,6 +406,7 @@ def _tensor_method(dt):
     return method
 
 
+# decides TP-GEN-001.1 TP-GEN-001.2
 @contract("TP-GEN-001")
 def test_generated_tensor_and_module_methods(dt, n, mod):
     _tensor_method(dt)
@@ -388,10 +451,11 @@ def test_generated_tensor_and_module_methods(dt, n, mod):
         assert on_device.data.device.type == dt and getattr(on_device, f"is_{dt}")
 
 
+# decides TP-GEN-001.4
 @contract("TP-GEN-001")
 def test_generated_storage_methods(dt, n, mod):
     if not hasattr(torch.UntypedStorage, dt):
-        pytest.skip(f"the backend did not generate storage methods (for_storage=False): "
+        inconclusive(f"the backend did not generate storage methods (for_storage=False): "
                     f"UntypedStorage.{dt}() does not exist")
     cpu = torch.arange(40, dtype=torch.uint8).untyped_storage()
     moved = must(lambda: getattr(cpu, dt)(), f"UntypedStorage.{dt}()")
@@ -409,7 +473,9 @@ def test_generated_storage_methods(dt, n, mod):
         assert list(on_device.cpu()) == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
+# decides TP-GEN-001.3
 @contract("TP-GEN-001")
+@pytest.mark.requires("multi-device")
 def test_generated_methods_follow_the_current_device(dt, n, mod, two_devices):
     _tensor_method(dt)
     cpu = torch.arange(4, dtype=torch.float32)
@@ -427,8 +493,9 @@ def test_generated_methods_follow_the_current_device(dt, n, mod, two_devices):
             storage = getattr(cpu.untyped_storage(), dt)()
             assert storage.device == here, f"UntypedStorage.{dt}() ignored current device {j}"
     mod.set_device(1)
-    assert in_thread(lambda: getattr(cpu, dt)().device) == torch.device(dt, 0), \
-        f"in a new thread (device 0 current), Tensor.{dt}() used the main thread's device"
+    device, current = in_thread(lambda: (getattr(cpu, dt)().device, mod.current_device()))
+    assert device == torch.device(dt, current), \
+        f"in a new thread whose current device is {current}, Tensor.{dt}() landed on {device}"
 
 
 # --------------------------------------------------------------- item / print
@@ -459,6 +526,7 @@ def same_scalar(a, b) -> bool:
     return a == b
 
 
+# decides TP-ITEM-001.1 TP-ITEM-001.2 TP-ITEM-001.3 TP-ITEM-001.4
 @contract("TP-ITEM-001")
 def test_item(dt, n):
     device = torch.device(dt, n - 1)
@@ -511,6 +579,7 @@ PRINT_CASES = [
 ]
 
 
+# decides TP-ITEM-001.5
 @contract("TP-ITEM-001")
 @pytest.mark.parametrize("name,make", PRINT_CASES, ids=[c[0] for c in PRINT_CASES])
 def test_printing(name, make, dt, n):

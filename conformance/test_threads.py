@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import threading
-import time
 import warnings
 
 import pytest
@@ -22,12 +21,12 @@ contract = pytest.mark.contract
 
 THREADS = 8
 ITERATIONS = 40
-CHILD_TIMEOUT = 20.0
 
 
 # ------------------------------------------------------------------ stress
 
 
+# decides MT-STRESS-001.1 MT-STRESS-001.2
 @contract("MT-STRESS-001")
 def test_threads_keep_their_own_device_and_streams(dt, mod, n):
     defaults = [torch.accelerator.current_stream(i) for i in range(n)]
@@ -65,7 +64,7 @@ def test_threads_keep_their_own_device_and_streams(dt, mod, n):
                 raise AssertionError(f"thread {tid} {where}: wrote {value}, read back {host[:4].tolist()}...")
 
         try:
-            barrier.wait(timeout=30)
+            barrier.wait()
             check("thread start")
             own = [torch.Stream(device=torch.device(dt, i)) for i in range(n)]
             for it in range(ITERATIONS):
@@ -125,11 +124,8 @@ def test_threads_keep_their_own_device_and_streams(dt, mod, n):
     threads = [threading.Thread(target=worker, args=(tid,), name=f"stress-{tid}") for tid in range(THREADS)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 45
     for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in threads if t.is_alive()]
-    assert not stuck, f"threads did not finish within 45 s (deadlock?): {stuck}"
+        t.join()  # a deadlock is a hang of this test (no progress), reported by the harness
     assert not errors, f"{len(errors)} of {THREADS} threads saw inconsistent state; first: {errors[0]}"
     assert mod.current_device() == 0, "the main thread's device changed while other threads switched devices"
     assert [torch.accelerator.current_stream(i) for i in range(n)] == defaults, \
@@ -139,9 +135,11 @@ def test_threads_keep_their_own_device_and_streams(dt, mod, n):
 # -------------------------------------------------------------------- fork
 
 
-def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
+def run_in_child(body) -> dict:
     """Run `body()` in a forked child; return the dict it returned (JSON).
-    Fails the test on a crash, a hang or a missing answer."""
+    Fails the test on a crash or a missing answer. No time limit here: the
+    child is in the test's process group, so a child that hangs leaves the
+    test without progress and the harness reports the hang."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -160,25 +158,11 @@ def run_in_child(body, timeout: float = CHILD_TIMEOUT) -> dict:
         finally:
             os._exit(0)
     os.close(write_fd)
-    deadline = time.monotonic() + timeout
     try:
-        answer, hung = read_pipe(read_fd, deadline)
+        answer, _ = read_pipe(read_fd, float("inf"))
     finally:
         os.close(read_fd)
-    if hung:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail(f"the forked child did not finish within {timeout} s (hang)", pytrace=False)
-    status = None
-    while time.monotonic() < deadline + 5:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.005)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child answered but did not exit (hang at exit)", pytrace=False)
+    _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         pytest.fail(f"the forked child crashed with {signal.Signals(os.WTERMSIG(status)).name}", pytrace=False)
     if not answer:
@@ -194,6 +178,7 @@ def _error(call) -> dict:
     return {"raised": None, "value": repr(value)}
 
 
+# decides MT-FORK-001.1
 @contract("MT-FORK-001")
 def test_fork_before_initialization_works(dt, mod):
     assert not mod.is_initialized(), \
@@ -216,6 +201,7 @@ def test_fork_before_initialization_works(dt, mod):
     assert t.cpu().tolist() == [1.5, 1.5]
 
 
+# decides MT-FORK-001.2 MT-FORK-001.3
 @contract("MT-FORK-001")
 def test_fork_after_initialization_is_detected(dt, mod, n):
     parent_tensor = torch.full((3,), 4.0, device=dt)

@@ -20,7 +20,8 @@ A manifest (TOML, all keys optional) tells the kit what the backend claims::
 
 Contracts that need an unclaimed feature get the verdict not-claimed.
 The instrumentation module may define any of the functions in
-INSTRUMENTATION; contracts that need a missing one are skipped with a reason.
+INSTRUMENTATION. They only sharpen checks (count what PyTorch cannot see,
+make asynchronous observations deterministic); no check needs them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ INSTRUMENTATION = {
     "device_switch_count": "number of device switches the backend's runtime performed in this process",
     "init_count": "number of times the hooks' init() ran in this process",
     "live_event_count": "number of events the backend's runtime holds (created and not yet destroyed)",
+    "block_stream": "block_stream(stream) holds the stream at this point of its queue and returns a function "
+                    "that releases it (makes the ordering checks deterministic)",
 }
 
 

@@ -158,7 +158,7 @@ def read_pipe(fd: int, deadline: float) -> tuple[bytes, bool]:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return b"".join(chunks), True
-        ready, _, _ = select.select([fd], [], [], remaining)
+        ready, _, _ = select.select([fd], [], [], None if remaining == float("inf") else remaining)
         if not ready:
             continue
         chunk = os.read(fd, 65536)

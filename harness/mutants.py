@@ -47,6 +47,8 @@ class Mutant:
     id: str
     contracts: tuple[str, ...]
     description: str
+    clauses: tuple[str, ...] = ()   # the clauses of those contracts it breaks
+    ordering: bool = False          # its bug shows only while work is in flight (run repeatedly by the kit's tests)
 
 
 @dataclass
@@ -85,7 +87,17 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
             raise MutantRegistryError(f"{where}: unknown contracts {unknown}")
         if not entry.get("description"):
             raise MutantRegistryError(f"{where}: needs a description")
-        mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"])
+        clauses = tuple(entry.get("clauses", ()))
+        for clause in clauses:
+            contract_id, _, number = clause.partition(".")
+            contract = contracts.contracts.get(contract_id)
+            if contract_id not in ids or contract is None or not number.isdigit() \
+                    or not 1 <= int(number) <= len(contract.clauses):
+                raise MutantRegistryError(f"{where}: clause {clause!r} is not a clause of its contracts {list(ids)}")
+        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering"}
+        if unknown_keys:
+            raise MutantRegistryError(f"{where}: unknown keys {sorted(unknown_keys)}")
+        mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"], clauses, bool(entry.get("ordering", False)))
     return MutantRegistry(path, backend, selector, mutants)
 
 

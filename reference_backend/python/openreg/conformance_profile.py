@@ -33,3 +33,12 @@ def init_count() -> int:
     from . import _C
 
     return int(_C._runtime_counters()["hooks_init_calls"])
+
+
+def block_stream(stream):
+    """Hold `stream` at this point of its queue (a kernel that waits on a
+    gate); returns the function that opens the gate."""
+    from . import _C
+
+    gate = _C._testing_block_stream(stream)
+    return lambda: _C._testing_open_gate(gate)

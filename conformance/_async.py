@@ -1,0 +1,220 @@
+"""Deterministic observation of asynchronous work, for the stream, event,
+copy and allocator checks.
+
+Ordering rules ("query() is False while work is pending", "synchronize waits
+for the work", "the consumer runs after the producer", "memory is not reused
+while a stream still uses it") can only be seen while work is in flight. The
+kit forces that window instead of hoping for it:
+
+* **A gate** (certain): if the backend's instrumentation offers
+  ``block_stream(stream) -> release``, the kit holds the stream at a point of
+  its queue, makes its observation, and releases it. Everything queued
+  behind the gate is then certainly pending, whatever the machine's load.
+  While a stream is held, a check queues only the work under test (copies
+  between device tensors): any other operator may be synchronous on some
+  backend and would wait for the hold.
+  A call that must wait for held work is given a release from another thread
+  after RELEASE_DELAY: it must not return before the release (a correct
+  backend cannot; one that does not wait returns at once). A held stream is
+  always released after GATE_LIMIT seconds, so the kit never leaves a stream
+  blocked (a backend that legitimately waits on it only takes longer).
+* **Long work** (probable): without a gate, the kit queues device work long
+  enough to still be running when it looks (device-to-device copies,
+  calibrated per device) and escalates the amount until the observation is
+  conclusive. On a backend that runs everything synchronously, no observation
+  is ever conclusive, which is right: such a backend keeps every ordering rule.
+
+Which of the two a check used is recorded in its result (Hold.certain).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._helpers import in_thread, must
+
+# Elements of the background load's buffers (2 MiB of float32 per copy).
+LOAD_ELEMENTS = 1 << 19
+# Device time one load aims at: long enough to still be running when the host
+# asks, short enough to keep the suite fast.
+LOAD_SECONDS = 0.03
+LOAD_MAX_UNITS = 256
+# A check whose observation was inconclusive (the work had already finished
+# when the host looked) is repeated with this many times more work.
+SCALES = (1, 4, 16)
+GATE_LIMIT = 5.0       # seconds after which a held stream is released whatever happens
+RELEASE_DELAY = 0.3    # seconds a call that must wait for a held stream is given to return early
+
+
+class Load:
+    """Asynchronous device work on device `index`, queued on whatever stream
+    is current for that device when `queue`/`write` are called.
+
+    The work is a run of device-to-device copies (asynchronous on every
+    accelerator). `write(target)` fills a float32 target with `value` by a
+    converting copy, so a target read too early still holds zeros.
+    """
+
+    def __init__(self, dt: str, index: int = 0, value: float = 7.0, elements: int = LOAD_ELEMENTS):
+        self.device = torch.device(dt, index)
+        self.value = value
+        self.elements = elements
+        self.src = must(lambda: torch.full((elements,), value, dtype=torch.float64, device=self.device),
+                        f"torch.full(..., dtype=float64, device={self.device})")
+        self.copy_src = must(lambda: torch.full((elements,), 1.0, device=self.device),
+                             f"torch.full(..., device={self.device})")
+        self.scratch = must(lambda: torch.empty(elements, device=self.device),
+                            f"torch.empty(..., device={self.device})")
+        self.units = self._calibrate()
+
+    def unit(self) -> None:
+        self.scratch.copy_(self.copy_src)
+
+    def _calibrate(self) -> int:
+        """Units for LOAD_SECONDS of work at the fastest observed rate (a
+        slow outlier must not shrink the load below what keeps it in flight)."""
+        index = self.device.index
+        self.unit()  # first touch of the memory may be slower
+        must(lambda: torch.accelerator.synchronize(index), f"torch.accelerator.synchronize({index})")
+        fastest = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            self.queue(4)
+            torch.accelerator.synchronize(index)
+            fastest = min(fastest, (time.perf_counter() - start) / 4)
+        return max(4, min(LOAD_MAX_UNITS, math.ceil(LOAD_SECONDS / max(fastest, 1e-7))))
+
+    def queue(self, units: int | None = None) -> None:
+        for _ in range(self.units if units is None else units):
+            self.unit()
+
+    def target(self) -> torch.Tensor:
+        """A zero-filled float32 target; synchronizes so that the zeros are final."""
+        t = torch.zeros(self.elements, dtype=torch.float32, device=self.device)
+        torch.accelerator.synchronize(self.device.index)
+        return t
+
+    def write(self, target: torch.Tensor) -> None:
+        target.copy_(self.src)
+
+    def queue_and_write(self, stream, scale: int = 1) -> torch.Tensor:
+        """On `stream`: `scale` times the calibrated work, then the write of
+        a fresh target, which is returned (zeros until the write has run)."""
+        target = self.target()
+        with stream:
+            self.queue(self.units * scale)
+            self.write(target)
+        return target
+
+    def is_final(self, target: torch.Tensor) -> bool:
+        """Whether `target` holds the written value everywhere (read on the
+        current stream of its device, which synchronizes only that stream)."""
+        return bool((target.cpu() == self.value).all())
+
+
+class Hold:
+    """A stream kept from running what is queued on it after this point, until
+    `release()` (see the module's doc). `certain` is True for a gate of the
+    backend's instrumentation, False for long work that is probably still
+    running."""
+
+    def __init__(self, stream, release: Callable[[], None], certain: bool) -> None:
+        self.stream = stream
+        self.certain = certain
+        self._release = release
+        self._lock = threading.Lock()
+        self._held = True
+        self._timer: threading.Timer | None = None
+        if certain:
+            self._timer = threading.Timer(GATE_LIMIT, self.release)
+            self._timer.daemon = True
+            self._timer.start()
+
+    @property
+    def held(self) -> bool:
+        """Whether the gate is still closed (always False for long work, which
+        the kit cannot know to be running)."""
+        return self.certain and self._held
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False  # first: a call that returns after the release must never see it held
+        self._release()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def hold(backend, stream, load: Load | None = None, scale: int = 1) -> Hold:
+    """Hold `stream`: with the backend's gate if it has one, else by queuing
+    `scale` times `load`'s calibrated work on it (needs `load`)."""
+    block = backend.instrument("block_stream")
+    if block is not None:
+        release = must(lambda: block(stream), "the instrumentation's block_stream(stream)")
+        return Hold(stream, release, certain=True)
+    if load is None:
+        raise ValueError("suite bug: hold() without a gate needs a Load")
+    with stream:
+        load.queue(load.units * scale)
+    return Hold(stream, lambda: None, certain=False)
+
+
+def waited(call: Callable[[], Any], held: Hold) -> tuple[Any, bool | None]:
+    """Run `call`, which must wait for work behind `held`: another thread
+    releases the hold after RELEASE_DELAY. Returns (its result, whether it
+    returned while the stream was still held), None when the hold is not a
+    gate (then only the values can tell)."""
+    if not held.certain:
+        return call(), None
+    releaser = threading.Timer(RELEASE_DELAY, held.release)
+    releaser.daemon = True
+    releaser.start()
+    try:
+        result = call()
+        early = held.held
+    finally:
+        held.release()
+        releaser.cancel()
+    return result, early
+
+
+def poll(condition: Callable[[], bool], until: Callable[[], bool] | None = None) -> bool:
+    """Wait for `condition()`; with `until`, give up (False) once `until()`
+    has become true and `condition()` still is not. Backs off, so that a
+    test that waits uses almost no CPU (see harness/progress.py)."""
+    pause = 0.0002
+    while True:
+        if condition():
+            return True
+        if until is not None and until():
+            return bool(condition())
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
+def default_streams(n: int) -> list[torch.Stream]:
+    """Each device's default stream: the current stream of a fresh thread."""
+    return in_thread(lambda: [torch.accelerator.current_stream(i) for i in range(n)])
+
+
+def current_streams(n: int) -> list[torch.Stream]:
+    return [torch.accelerator.current_stream(i) for i in range(n)]
+
+
+def new_stream(dt: str, index: int = 0, **kwargs) -> torch.Stream:
+    return must(lambda: torch.Stream(device=torch.device(dt, index), **kwargs),
+                f"torch.Stream(device='{dt}:{index}'{', ' if kwargs else ''}"
+                f"{', '.join(f'{k}={v}' for k, v in kwargs.items())})")

@@ -1,0 +1,125 @@
+"""Statement coverage: which check decides each clause of each contract, and
+which mutant proves that check can fail.
+
+Checks name the clause they decide in the suite's sources: in Python as the
+first argument of check() or scope() (check("DM-SET-001.2", ...)) or in a
+"# decides DM-SET-001.2" comment above a test; in the C++ contract tests as a
+"// decides GD-DEV-001.1" comment in the TEST_F body. The scan attributes a
+clause mention to the function (or GoogleTest case) it appears in, a comment
+above a function to that function. Mutants name their clauses in
+conformance/mutants.toml. A clause with no check or no mutant is a gap unless
+the registry waives it with a reason (waive_check / waive_mutant).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .registry import CLAUSE_PATTERN, Registry
+
+_TEST_F = re.compile(r"^TEST_F\((\w+), (\w+)\)", re.MULTILINE)
+
+
+def _python_mentions(path: Path) -> dict[str, set[str]]:
+    """clause -> {"file::function"} for one Python source file."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    functions = sorted(
+        ((node.lineno, getattr(node, "end_lineno", node.lineno), node.name,
+          min([d.lineno for d in node.decorator_list] + [node.lineno]))
+         for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))),
+        key=lambda f: f[0])
+    found: dict[str, set[str]] = {}
+    for number, line in enumerate(source.splitlines(), start=1):
+        for match in CLAUSE_PATTERN.finditer(line):
+            clause = match.group(0)
+            inside = [f for f in functions if f[0] <= number <= f[1]]
+            if inside:
+                owner = max(inside, key=lambda f: f[0])[2]  # the innermost function
+            else:
+                following = [f for f in functions if f[3] > number]
+                if not following:
+                    continue
+                owner = min(following, key=lambda f: f[3])[2]
+            found.setdefault(clause, set()).add(f"{path.name}::{owner}")
+    return found
+
+
+def _cxx_mentions(path: Path) -> dict[str, set[str]]:
+    """clause -> {"file::Suite.Case"} for one C++ source file."""
+    source = path.read_text(encoding="utf-8")
+    cases = [(m.start(), f"{m.group(1)}.{m.group(2)}") for m in _TEST_F.finditer(source)]
+    found: dict[str, set[str]] = {}
+    for match in CLAUSE_PATTERN.finditer(source):
+        before = [name for start, name in cases if start < match.start()]
+        if before:
+            found.setdefault(match.group(0), set()).add(f"{path.name}::{before[-1]}")
+    return found
+
+
+def checks_by_clause(suite_dir: Path) -> dict[str, list[str]]:
+    """Every clause the suite's sources mention -> the checks that mention it."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(suite_dir.glob("*.py")):
+        for clause, owners in _python_mentions(path).items():
+            found.setdefault(clause, set()).update(owners)
+    for path in sorted((suite_dir / "cxx").glob("*.cpp")):
+        for clause, owners in _cxx_mentions(path).items():
+            found.setdefault(clause, set()).update(owners)
+    return {clause: sorted(owners) for clause, owners in found.items()}
+
+
+@dataclass
+class ClauseCoverage:
+    clause: str
+    text: str
+    checks: list[str] = field(default_factory=list)
+    mutants: list[str] = field(default_factory=list)
+    waived_check: str = ""
+    waived_mutant: str = ""
+
+    @property
+    def gaps(self) -> list[str]:
+        gaps = []
+        if not self.checks and not self.waived_check:
+            gaps.append("no check")
+        if not self.mutants and not self.waived_mutant:
+            gaps.append("no mutant")
+        return gaps
+
+
+@dataclass
+class Coverage:
+    clauses: dict[str, ClauseCoverage]
+    unknown: list[str]       # "where: clause" for mentions of clauses the registry lacks
+    no_clauses: list[str]    # active contracts whose statement is not split into clauses
+
+    def gaps(self) -> list[ClauseCoverage]:
+        return [c for c in self.clauses.values() if c.gaps]
+
+
+def coverage(registry: Registry, suite_dir: Path, mutant_clauses: dict[str, list[str]]) -> Coverage:
+    """The coverage of every clause of the active contracts. `mutant_clauses`
+    maps mutant ID -> the clauses it breaks."""
+    checks = checks_by_clause(suite_dir)
+    clauses: dict[str, ClauseCoverage] = {}
+    no_clauses = []
+    for contract in registry.active():
+        if not contract.clauses:
+            no_clauses.append(contract.id)
+        for clause_id, text in zip(contract.clause_ids(), contract.clauses):
+            clauses[clause_id] = ClauseCoverage(
+                clause_id, text, checks.get(clause_id, []),
+                waived_check=contract.waive_check.get(clause_id, ""),
+                waived_mutant=contract.waive_mutant.get(clause_id, ""))
+    unknown = [f"{', '.join(owners)}: {clause}" for clause, owners in checks.items() if clause not in clauses]
+    for mutant, ids in sorted(mutant_clauses.items()):
+        for clause in ids:
+            if clause in clauses:
+                clauses[clause].mutants.append(mutant)
+            else:
+                unknown.append(f"mutant {mutant}: {clause}")
+    return Coverage(clauses, sorted(unknown), no_clauses)
