@@ -176,23 +176,53 @@ def _contracts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
-    """docs/contracts.md, generated from the registry (never edited by hand)."""
+    """docs/contracts.md, generated from the registry, the suite's sources and
+    the mutant registry (never edited by hand): every contract with its
+    clauses, the check that decides each, the mutant that proves the check
+    can fail, and why a conforming backend making other choices passes."""
+    from pathlib import Path
+
+    from . import coverage as coverage_mod
+    from . import mutants as mutants_mod
+
     contracts = registry.active() if contracts is None else contracts
+    suite_dir = Path(registry_mod.default_path()).parent
+    try:
+        mutant_registry = mutants_mod.load(mutants_mod.default_path(), registry)
+        mutant_clauses = {m.id: list(m.clauses) for m in mutant_registry.mutants.values()}
+    except (OSError, mutants_mod.MutantRegistryError):
+        mutant_clauses = {}
+    cover = coverage_mod.coverage(registry, suite_dir, mutant_clauses)
+    clause_count = sum(len(c.clauses) for c in contracts)
     lines = [
         "# Contracts",
         "",
-        "<!-- Generated from conformance/contracts.toml by "
+        "<!-- Generated from conformance/contracts.toml, the suite's sources and conformance/mutants.toml by "
         "`privateuse1-conformance contracts --format markdown`. Do not edit by hand. -->",
         "",
-        f"{len(contracts)} contracts. Each has a stable ID that never changes once published.",
+        f"{len(contracts)} contracts, split into {clause_count} clauses. Each contract has a stable ID that never "
+        "changes once published; clause *k* of a contract is `<ID>.k`.",
+        "",
+        "For every clause the tables below name the check that decides it (a test of the suite, or a GoogleTest "
+        "case of the kit's C++ probe) and the mutant of the reference backend that proves the check can fail "
+        "([mutation testing](mutation-testing.md)). A clause without either is listed with the reason it is "
+        "waived. Under each contract: what observation decides it, and why a backend that honours the statement "
+        "while making other legitimate choices passes.",
         "",
         "## Levels",
         "",
     ]
     for level, description in registry.levels.items():
         count = sum(1 for c in contracts if c.level == level)
-        lines.append(f"- **{level}** ({count} contracts): {description}")
+        needed = sorted({f for c in contracts if c.level == level for f in c.features})
+        mandatory = [f for f in needed if not registry.features[f].optional]
+        lines.append(f"- **{level}** ({count} contracts): {description}"
+                     + (f" Needs the features {', '.join(f'`{f}`' for f in mandatory)}." if mandatory else ""))
     lines += ["", "## Features a manifest may declare absent", "",
               "| feature | optional for the level | what |", "|---|---|---|"]
     for feature in registry.features.values():
@@ -204,10 +234,28 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
         lines += ["", f"## {area}", "", description, "",
                   "| ID | level | statement | features | source |", "|---|---|---|---|---|"]
         for c in in_area:
-            statement = c.statement.replace("|", "\\|")
-            source = c.source.replace("|", "\\|")
             features = ", ".join(f"`{f}`" for f in c.features)
-            lines.append(f"| `{c.id}` | {c.level} | {statement} | {features} | {source} |")
+            lines.append(f"| [`{c.id}`](#{c.id.lower()}) | {c.level} | {_cell(c.statement)} | {features} | "
+                         f"{_cell(c.source)} |")
+        for c in in_area:
+            lines += ["", f"### {c.id}", "", c.statement, ""]
+            if c.decided_by:
+                lines += [f"*Decided by:* {c.decided_by}", ""]
+            if c.other_choices:
+                lines += [f"*Other legitimate choices:* {c.other_choices}", ""]
+            if c.clauses:
+                lines += ["| clause | what | decided by | proved by mutant |", "|---|---|---|---|"]
+                for clause_id in c.clause_ids():
+                    cc = cover.clauses[clause_id]
+                    checks = "<br>".join(f"`{x}`" for x in cc.checks) or f"*waived:* {_cell(cc.waived_check)}"
+                    mutants = "<br>".join(f"`{m}`" for m in cc.mutants) or f"*waived:* {_cell(cc.waived_mutant)}"
+                    lines.append(f"| `{clause_id}` | {_cell(cc.text)} | {checks} | {mutants} |")
+    gaps = cover.gaps()
+    lines += ["", "## Gaps", ""]
+    if gaps:
+        lines += [f"- `{g.clause}`: {', '.join(g.gaps)}" for g in gaps]
+    else:
+        lines.append("None: every clause has a check and a mutant, or a waiver with its reason (above).")
     return "\n".join(lines) + "\n"
 
 

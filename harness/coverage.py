@@ -24,27 +24,65 @@ _TEST_F = re.compile(r"^TEST_F\((\w+), (\w+)\)", re.MULTILINE)
 
 
 def _python_mentions(path: Path) -> dict[str, set[str]]:
-    """clause -> {"file::function"} for one Python source file."""
+    """clause -> {"file::test"} for one Python source file.
+
+    A mention belongs to the top-level function or class it appears in (a
+    comment above one, to the one below). A helper's mention belongs to the
+    tests that reach the helper, directly or through other helpers: those
+    are the checks that decide the clause. A helper no test reaches keeps
+    the mention itself."""
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source)
-    functions = sorted(
-        ((node.lineno, getattr(node, "end_lineno", node.lineno), node.name,
-          min([d.lineno for d in node.decorator_list] + [node.lineno]))
-         for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))),
-        key=lambda f: f[0])
+    tops = []   # (first line, last line, name, node) of top-level functions, classes and names bound once
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            tops.append((first, node.end_lineno or node.lineno, node.name, node))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                tops.append((node.lineno, node.end_lineno or node.lineno, targets[0].id, node))
+    docstrings = set()  # lines of docstrings: clause IDs there are examples, not checks
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            docstrings.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    names = {name for _, _, name, _ in tops}
+    uses = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names} - {name}
+            for _, _, name, node in tops}
+
+    def reaching(target: str) -> list[str]:
+        tests = []
+        for _, _, test, _ in tops:
+            if not test.startswith("test_"):
+                continue
+            seen, todo = set(), [test]
+            while todo:
+                name = todo.pop()
+                if name == target:
+                    tests.append(test)
+                    break
+                if name not in seen:
+                    seen.add(name)
+                    todo.extend(uses.get(name, ()))
+        return tests
+
     found: dict[str, set[str]] = {}
     for number, line in enumerate(source.splitlines(), start=1):
+        if number in docstrings:
+            continue
         for match in CLAUSE_PATTERN.finditer(line):
-            clause = match.group(0)
-            inside = [f for f in functions if f[0] <= number <= f[1]]
+            inside = [name for first, last, name, _ in tops if first <= number <= last]
+            following = [(first, name) for first, _, name, _ in tops if first > number]
             if inside:
-                owner = max(inside, key=lambda f: f[0])[2]  # the innermost function
+                owner = inside[0]
+            elif following:
+                owner = min(following)[1]
             else:
-                following = [f for f in functions if f[3] > number]
-                if not following:
-                    continue
-                owner = min(following, key=lambda f: f[3])[2]
-            found.setdefault(clause, set()).add(f"{path.name}::{owner}")
+                continue
+            owners = [owner] if owner.startswith("test_") else reaching(owner) or [owner]
+            found.setdefault(match.group(0), set()).update(f"{path.name}::{o}" for o in owners)
     return found
 
 

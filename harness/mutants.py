@@ -82,6 +82,8 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
         ids = tuple(entry.get("contracts", ()))
         if not ids:
             raise MutantRegistryError(f"{where}: names no contract")
+        if len(set(ids)) != len(ids):
+            raise MutantRegistryError(f"{where}: contracts {list(ids)} name a contract twice")
         unknown = [c for c in ids if c not in contracts.contracts]
         if unknown:
             raise MutantRegistryError(f"{where}: unknown contracts {unknown}")
@@ -255,11 +257,16 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
     lines = [TABLE_BEGIN, ""]
     run = f"{result.get('seconds')} s with `--jobs {result.get('jobs')}`" if result.get("seconds") else "time not recorded"
     lines.append(f"Recorded run: **{killed}/{len(registry.mutants)} mutants killed on target** ({run}).")
-    lines += ["", "| mutant | area | violates | the fault | killed by |", "|---|---|---|---|---|"]
+    lines += ["", "| mutant | area | breaks | the fault | killed by |", "|---|---|---|---|---|"]
     for mutant in registry.mutants.values():
         outcome = outcomes.get(mutant.id)
         area = contracts.contracts[mutant.contracts[0]].area
-        violates = ", ".join(f"`{c}`" for c in mutant.contracts)
+        # The clauses it breaks; a contract none of whose clauses is named, by its ID.
+        named = {clause.split(".")[0] for clause in mutant.clauses}
+        violates = ", ".join([f"`{c}`" for c in mutant.clauses]
+                             + [f"`{c}`" for c in mutant.contracts if c not in named])
+        if mutant.ordering:
+            violates += " (ordering)"
         if outcome is None:
             caught = "**not run**"
         elif outcome["status"] != "killed":

@@ -143,13 +143,11 @@ class ConformanceSession:
         # Features the backend does not have: declared absent, or implied by
         # the hardware (one device cannot show multi-device behaviour).
         self.unclaimed = set(manifest.unclaimed)
-        if self.device_count < 2:
+        if self.device_count < 2 and self.setup_problem is None:  # (unknown when the probe failed)
             self.unclaimed.add("multi-device")
-        # Warm the parent: PyTorch imports these lazily on the first operator
-        # that needs a Python meta kernel (seconds); every forked test would
-        # pay that again. Importing them touches no device.
-        import torch._dynamo  # noqa: F401
-        import torch._meta_registrations  # noqa: F401
+        self.warnings: list[str] = []
+        if self.setup_problem is None:
+            self._warm()
         self.covered: set[str] = set()
         self.recorder = RunRecorder(self)
         self._start = time.time()
@@ -191,6 +189,29 @@ class ConformanceSession:
             return 0, False
         return int(answer["count"]), bool(answer["initialized"])
 
+    def _warm(self) -> None:
+        """Import in the parent what PyTorch imports lazily on the first
+        operator that needs a Python meta kernel (seconds), so that forked
+        tests do not each pay for it. Importing torch._dynamo runs the
+        backend's own import hooks (a device interface registering itself
+        per device), so it is tried first in a bounded probe: a backend that
+        hangs or crashes there costs the tests that compile, not the run."""
+
+        def question() -> bool:
+            import torch._dynamo  # noqa: F401
+            import torch._meta_registrations  # noqa: F401
+
+            return True
+
+        try:
+            bounded.ask(question, "importing torch._dynamo (which runs the backend's import hooks)",
+                        limit=max(self.timeout, 30.0))
+        except bounded.BackendProbeError as e:
+            self.warnings.append(f"{e}; the parent did not import it, so each test imports it itself")
+            return
+        import torch._dynamo  # noqa: F401
+        import torch._meta_registrations  # noqa: F401
+
     @staticmethod
     def contracts_of(item: pytest.Item) -> list[str]:
         ids: list[str] = []
@@ -214,8 +235,14 @@ class ConformanceSession:
         path = nodeid.partition("::")[0]
         if self.suite_dir is None:
             return None
+        # A node ID is relative to the rootdir, or, for a file outside it
+        # (--pyargs from an unrelated folder), to the argument that named it:
+        # the suite's own folder.
+        candidate = self.config.rootpath / path
+        if not candidate.exists():
+            candidate = self.suite_dir / path
         try:
-            return (self.config.rootpath / path).resolve().relative_to(self.suite_dir).as_posix()
+            return candidate.resolve().relative_to(self.suite_dir).as_posix()
         except ValueError:
             return None
 

@@ -121,7 +121,7 @@ def collect(session: ConformanceSession, started: float, duration: float) -> Pro
     import torch
 
     backend = session.backend
-    warnings = []
+    warnings = list(session.warnings)
     if session.parent_initialized:
         warnings.append("the backend was initialized by importing it; tests ran in processes "
                         "forked from an initialized backend")

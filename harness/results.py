@@ -307,6 +307,8 @@ class RunRecorder:
             terminal.line(
                 "Warning: the backend was already initialized after import; every test ran in a "
                 "process forked from an initialized backend.", yellow=True)
+        for warning in session.warnings:
+            terminal.line(f"Warning: {warning}", yellow=True)
 
     def print_summary(self, terminal) -> None:
         """The last thing on the terminal: the verdict table, the level and

@@ -3,10 +3,12 @@
 One <testsuite> per area and one <testcase> per test, under the area of the
 first contract it checks (a test is never counted twice). classname is
 "<area>.<contract IDs>", so CI tools that split on the last dot show the
-area as the package and the contracts as the class. Verdicts map as pytest's
-own junitxml does: fail -> <failure>; error, crash, hang -> <error>; skip,
-not-claimed, xfail -> <skipped>; pass, xpass -> a plain testcase. A contract
-no test reported on gets a <skipped> testcase, so that it is visible.
+area as the package and the contracts as the class. A test checking several
+contracts takes its worst verdict, and its message names the contract that
+verdict was charged to. Verdicts map as pytest's own junitxml does: fail ->
+<failure>; error, crash, hang -> <error>; skip, not-claimed, inconclusive,
+xfail -> <skipped>; pass, xpass -> a plain testcase. A contract no test
+reported on gets a <skipped> testcase, so that it is visible.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from .text import printable, truncate
+from .text import FAILING, VERDICT_ORDER, printable, truncate
 
 MESSAGE_LIMIT = 1000  # attribute values; the full text goes into the element body
 ERRORS = ("error", "crash", "hang")
-SKIPS = ("skip", "not-claimed", "xfail", "no-test")
+SKIPS = ("skip", "not-claimed", "xfail", "no-test", "inconclusive")
 
 
 def _seconds(ms: int) -> str:
@@ -73,6 +75,16 @@ def render(document: dict[str, Any]) -> str:
     counts: dict[str, dict[str, int]] = {}
     seen: set[str] = set()
 
+    def _count(suite: ET.Element, test: dict[str, Any]) -> None:
+        area = suite.get("name", "")
+        _testcase(suite, area, test)
+        verdict = test["verdict"]
+        counts[area]["tests"] += 1
+        counts[area]["failures"] += verdict == "fail"
+        counts[area]["errors"] += verdict in ERRORS
+        counts[area]["skipped"] += verdict in SKIPS
+        counts[area]["time"] += test["duration_ms"]
+
     def suite_of(area: str) -> ET.Element:
         if area not in suites:
             suites[area] = _element(root, "testsuite", name=area, timestamp=provenance["started"])
@@ -83,24 +95,31 @@ def render(document: dict[str, Any]) -> str:
             counts[area] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0}
         return suites[area]
 
+    # A test checking several contracts appears under each in the document,
+    # with what it showed about each; here it is one testcase with its worst
+    # verdict, the message naming the contract that verdict belongs to.
+    tests: dict[str, dict[str, Any]] = {}
+    areas = {c["id"]: c["area"] for c in document["contracts"]}
     for contract in document["contracts"]:
-        area = contract["area"]
-        suite = suite_of(area)
-        tests = [t for t in contract["tests"] if t["nodeid"] not in seen]
-        if not contract["tests"]:
-            tests = [{"nodeid": f"{contract['id']} (no test result)", "contracts": [contract["id"]],
-                      "verdict": "no-test", "duration_ms": 0, "rerun": contract["rerun"], "details": "",
-                      "message": "no test reported on this contract (the run is incomplete, "
-                                 "or the contract has no test)"}]
-        for test in tests:
+        for test in contract["tests"]:
+            known = tests.get(test["nodeid"])
+            if known is None or VERDICT_ORDER.index(test["verdict"]) < VERDICT_ORDER.index(known["verdict"]):
+                tests[test["nodeid"]] = {**test, "charged": contract["id"]}
+    for contract in document["contracts"]:
+        for test in contract["tests"]:
+            if test["nodeid"] in seen:
+                continue
             seen.add(test["nodeid"])
-            _testcase(suite, area, test)
-            verdict = test["verdict"]
-            counts[area]["tests"] += 1
-            counts[area]["failures"] += verdict == "fail"
-            counts[area]["errors"] += verdict in ERRORS
-            counts[area]["skipped"] += verdict in SKIPS
-            counts[area]["time"] += test["duration_ms"]
+            test = tests[test["nodeid"]]
+            if len(test["contracts"]) > 1 and test["verdict"] in FAILING:
+                test = {**test, "message": f"[{test['charged']}] {test['message']}"}
+            _count(suite_of(areas.get(test["contracts"][0], contract["area"])), test)
+        if not contract["tests"]:
+            _count(suite_of(contract["area"]),
+                   {"nodeid": f"{contract['id']} (no test result)", "contracts": [contract["id"]],
+                    "verdict": "no-test", "duration_ms": 0, "rerun": contract["rerun"], "details": "",
+                    "message": "no test reported on this contract (the run is incomplete, "
+                               "or the contract has no test)"})
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0}
     for area, suite in suites.items():
         for key, value in counts[area].items():

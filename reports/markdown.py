@@ -107,6 +107,13 @@ def _failure(contract: dict[str, Any], detail_limit: int) -> list[str]:
 
 def _lists(document: dict[str, Any]) -> list[str]:
     summary, lines = document["summary"], []
+    causes = summary.get("root_causes", [])  # (format 2)
+    if causes:
+        lines += ["", "**Shared root causes** (one underlying error behind several failing tests):", ""]
+        lines += [f"- {group['verdict']}, {len(group['tests'])} tests ({escape(', '.join(group['contracts']), 300)}): "
+                  f"{escape(group['cause'], 300)}" for group in causes[:20]]
+        if len(causes) > 20:
+            lines.append(f"- and {len(causes) - 20} more (see report.json)")
     for key, label in (("stale_expectations", "Stale expectations (these contracts now pass)"),
                        ("uncovered", "Contracts without any test"),
                        ("unclaimed_features", "Features the backend does not claim")):

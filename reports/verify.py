@@ -98,7 +98,12 @@ def _contract_problem(entry: dict[str, Any], contract: ContractInfo, optional: s
     why = f" ({one_line(entry['message'], 160)})" if entry["message"] else ""
     if verdict == Verdict.NOT_CLAIMED.value:
         mandatory = sorted(set(unclaimed) - optional)
-        why = f" (features {', '.join(mandatory)} are not optional)"
+        if mandatory:
+            why = f" (the feature{'s' if len(mandatory) > 1 else ''} {', '.join(mandatory)} " \
+                  f"{'are' if len(mandatory) > 1 else 'is'} not optional for the level)"
+        else:
+            why = " (its tests were not run for a feature the backend does not claim, but the report names no " \
+                  "unclaimed feature of this contract)"
     return f"{contract.id} ({contract.level}): verdict {verdict} does not satisfy level {level}{why}"
 
 

@@ -169,6 +169,26 @@ def test_backend_that_crashes_on_import_is_reported(tmp_path):
     assert "crash_on_import" in run.stderr and "killed by signal 11" in run.stderr
 
 
+def test_backend_whose_device_count_hangs_is_reported_not_waited_on(tmp_path):
+    """The kit asks the backend for its device count before any test, in a
+    probe process with a time limit: a backend that never answers ends the
+    run with one clear cause and a report, not a hung kit."""
+    (tmp_path / "hanging_count.py").write_text(
+        "import threading\nimport openreg\n"
+        "openreg.device_count = lambda: threading.Event().wait()  # never answers\n")
+    run = run_pytest(["--backend=hanging_count", "--contract-timeout=2", "--pyargs",
+                      "privateuse1_conformance.conformance", "--contract=DM-COUNT-001,DM-GET-001"],
+                     tmp_path, env={"PYTHONPATH": str(tmp_path)}, timeout=600)
+    assert run.report is not None, run.stdout[-3000:] + run.stderr[-3000:]
+    # Each test is an error on its primary contract (the first it declares).
+    tests = [t for c in run.report["contracts"] for t in c["tests"] if t["contracts"][0] == c["id"]]
+    assert tests and {t["verdict"] for t in tests} == {"error"}, {t["nodeid"]: t["verdict"] for t in tests}
+    assert all("device_count()" in t["message"] and "no test was run" in t["message"] for t in tests)
+    causes = run.report["summary"]["root_causes"]
+    assert len(causes) == 1 and len(causes[0]["tests"]) == len({t["nodeid"] for t in tests}), causes
+    assert run.returncode == 1
+
+
 # ----------------------------------------------------------- pure units
 
 def test_registry_rejects_malformed_entries(tmp_path):

@@ -46,3 +46,45 @@ def test_contracts_page_is_generated_from_the_registry():
     assert page == cli.render_markdown(registry), (
         "docs/contracts.md is stale: regenerate it with "
         "`privateuse1-conformance contracts --format markdown > docs/contracts.md`")
+
+
+def test_every_clause_has_a_check_and_a_mutant_or_a_waiver():
+    """Statement coverage (docs/contracts.md): every clause of every active
+    contract is decided by a check of the suite and proved failable by a
+    mutant, unless the registry waives it with a reason; no check or mutant
+    names a clause the registry does not have."""
+    from privateuse1_conformance.harness import coverage
+    from privateuse1_conformance.harness import mutants as mutants_mod
+
+    registry = registry_mod.load(registry_mod.default_path())
+    mutants = mutants_mod.load(mutants_mod.default_path(), registry)
+    cover = coverage.coverage(registry, REPO / "conformance", {m.id: list(m.clauses) for m in mutants.mutants.values()})
+    assert not cover.no_clauses, f"contracts whose statement is not split into clauses: {cover.no_clauses}"
+    assert not cover.unknown, f"clauses named in the suite or the mutant registry but not in the registry: {cover.unknown}"
+    gaps = [f"{g.clause} ({', '.join(g.gaps)}): {g.text}" for g in cover.gaps()]
+    assert not gaps, "clauses without a check or a mutant, and no waiver:\n  " + "\n  ".join(gaps)
+    for contract in registry.active():
+        assert contract.decided_by and contract.other_choices, \
+            f"{contract.id} does not say what decides it and why other legitimate choices pass"
+
+
+def test_clause_mentions_are_attributed_to_their_functions(tmp_path):
+    from privateuse1_conformance.harness import coverage
+
+    (tmp_path / "cxx").mkdir()
+    (tmp_path / "test_x.py").write_text(
+        '"""Module docstring naming DM-XCHG-001.1 as an example."""\n'
+        "# decides DM-SET-001.1\n@mark\ndef test_a():\n    check('DM-SET-001.2', True, '')\n"
+        "    def nested():\n        scope('DM-SET-001.3')\n\n"
+        "def helper():\n    scope('DM-GET-001.1')\n\n"
+        "def unused():\n    scope('DM-GET-001.2')\n\n"
+        "TABLE = {'x': ('DM-CTX-001.1', lambda: helper())}\n\n"
+        "def test_b():\n    TABLE['x'][1]()\n")
+    (tmp_path / "cxx" / "c.cpp").write_text("TEST_F(GD_DEV_001, Case) {\n  // decides GD-DEV-001.1\n}\n")
+    found = coverage.checks_by_clause(tmp_path)
+    assert found == {"DM-SET-001.1": ["test_x.py::test_a"], "DM-SET-001.2": ["test_x.py::test_a"],
+                     "DM-SET-001.3": ["test_x.py::test_a"],
+                     "DM-GET-001.1": ["test_x.py::test_b"],    # the helper's mention: the test reaching it
+                     "DM-GET-001.2": ["test_x.py::unused"],    # no test reaches it: the helper itself
+                     "DM-CTX-001.1": ["test_x.py::test_b"],
+                     "GD-DEV-001.1": ["c.cpp::GD_DEV_001.Case"]}

@@ -294,6 +294,42 @@ def test_junit_counts_and_verdict_mapping():
     assert crash.get("classname") == "streams.ST-TWO-001"
 
 
+def _shared_cause_run() -> Run:
+    """One test checking two contracts, its failure charged to the second;
+    two more tests failing on the same underlying error."""
+    run = make_run()
+    cause = "NotImplementedError: no kernel for aten::foo"
+    first, second = run.contracts[0], run.contracts[2]  # DM-ONE-001 (passes alone), HK-ONE-001
+    both = ModelTestResult(nodeid="test_x.py::test_both", contracts=["DM-ONE-001", "HK-ONE-001"], verdict=V.FAIL,
+                           message="the hooks disagree", verdicts={"DM-ONE-001": V.INCONCLUSIVE},
+                           messages={"DM-ONE-001": "stopped before its checks"}, cause=cause)
+    first.tests.append(both)
+    second.tests.append(both)
+    second.tests.append(ModelTestResult(nodeid="test_x.py::test_other", contracts=["HK-ONE-001"], verdict=V.ERROR,
+                                        message="raised", cause=cause))
+    return run
+
+
+def test_shared_root_causes_reach_every_rendering():
+    document = json_report.to_document(_shared_cause_run())
+    [group] = [g for g in document["summary"]["root_causes"] if "aten::foo" in g["cause"]]
+    assert group["tests"] == ["test_x.py::test_both", "test_x.py::test_other"]
+    assert group["contracts"] == ["HK-ONE-001"] and group["verdict"] == "fail"  # the worst of fail, error
+    text = markdown.render(document)
+    assert "Shared root causes" in text and markdown.escape("aten::foo") in text
+    page = html_report.render(document)
+    assert 'id="root-causes"' in page and "aten::foo" in page
+
+
+def test_junit_shows_a_multi_contract_test_once_with_its_worst_verdict():
+    root = ET.fromstring(junit.render(json_report.to_document(_shared_cause_run())).encode("utf-8"))
+    [case] = [c for c in root.iter("testcase") if c.get("name") == "test_x.py::test_both"]
+    failure = case.find("failure")
+    assert failure is not None, "the failure charged to the second contract must not be hidden by the first"
+    assert failure.get("message").startswith("fail: [HK-ONE-001] the hooks disagree")
+    assert case.get("classname") == "device-management.DM-ONE-001+HK-ONE-001"
+
+
 def test_markdown_fits_a_pull_request_comment():
     many = [(f"DM-X{i:03d}-001", "device-management", "core", [], [V.FAIL], []) for i in range(400)]
     text = markdown.render(json_report.to_document(make_run(many, text="x" * 3000)))
@@ -412,7 +448,14 @@ def test_verify_honours_optional_features_only():
     registry = registry_of(run)
     problems = verify.verify(json_report.to_document(run), registry, set(), "full").problems
     assert problems == ["AM-ONE-001 (full): verdict not-claimed does not satisfy level full "
-                        "(features amp are not optional)"]
+                        "(the feature amp is not optional for the level)"]
+    # Not-claimed with no unclaimed feature recorded: said so, not "features  are not optional".
+    bare = [(c, a, l, f, [V.NOT_CLAIMED] if c == "DM-ONE-001" else v, u)
+            for c, a, l, f, v, u in [(c, a, l, f, [V.NOT_CLAIMED] if u else [V.PASS], u)
+                                     for c, a, l, f, _, u in CONTRACTS]]
+    [problem] = _verify(json_report.to_document(make_run(bare)), run, "core").problems
+    assert problem.startswith("DM-ONE-001 (core): verdict not-claimed does not satisfy level core (its tests")
+    assert "features  are" not in problem
     # Not claiming a feature the contract does not need is a forgery.
     forged = [(c, a, l, f, [V.NOT_CLAIMED], ["amp"]) if c == "DM-ONE-001" else (c, a, l, f, v, u)
               for c, a, l, f, v, u in [(c, a, l, f, [V.NOT_CLAIMED] if u else [V.PASS], u)

@@ -1,0 +1,91 @@
+"""Hang detection on a busy machine: a test past its time limit is a hang
+only when it stopped advancing (its processes used next to no CPU over a
+window) or when it ran past the hard limit; one that is merely slow, or
+whose work runs in a child process, is not. The scratch suite runs while
+other processes keep every core busy, as on a loaded CI machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kit_support import run_pytest
+from privateuse1_conformance.harness import progress
+
+LIMIT = 2.0  # --contract-timeout of the scratch run
+
+SCRATCH = f'''
+import subprocess, sys, threading, time
+import pytest
+
+def _work_until(deadline):
+    while time.monotonic() < deadline:
+        sum(range(1000))
+
+@pytest.mark.contract("DM-NAME-001")
+def test_slow_but_advancing():
+    # 2.5 times the limit (wall clock, whatever the load), below the hard limit
+    _work_until(time.monotonic() + {2.5 * LIMIT})
+
+@pytest.mark.contract("DM-NAME-002")
+def test_work_in_a_child_process():
+    # The test process waits; the process it started does the work.
+    subprocess.run([sys.executable, "-c", "import time\\nend = time.monotonic() + {2.5 * LIMIT}\\n"
+                    "while time.monotonic() < end: sum(range(1000))"], check=True)
+
+@pytest.mark.contract("DM-MOD-001")
+def test_blocked():
+    threading.Event().wait()
+
+@pytest.mark.contract("DM-ACC-001")
+def test_spins_forever():
+    while True:
+        pass
+'''
+
+
+@pytest.fixture(scope="module")
+def loaded_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("progress")
+    (folder / "test_scratch.py").write_text(SCRATCH)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        return run_pytest(["--backend=openreg", f"--contract-timeout={LIMIT:g}", "test_scratch.py"], folder,
+                          timeout=600)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _only_test(run, contract: str) -> dict:
+    [test] = run.contract(contract)["tests"]
+    return test
+
+
+def test_a_slow_test_that_advances_is_not_a_hang(loaded_run):
+    test = _only_test(loaded_run, "DM-NAME-001")
+    assert test["verdict"] == "pass", test["message"]
+    assert test["duration_ms"] > LIMIT * 1000  # it did run past the limit
+
+
+def test_work_done_by_a_child_process_counts_as_progress(loaded_run):
+    test = _only_test(loaded_run, "DM-NAME-002")
+    assert test["verdict"] == "pass", test["message"]
+
+
+def test_a_blocked_test_is_a_hang(loaded_run):
+    test = _only_test(loaded_run, "DM-MOD-001")
+    assert test["verdict"] == "hang" and "blocked" in test["message"], test["message"]
+    assert "test_blocked" in test["message"] + test["details"], "the hang should say where the test was stuck"
+
+
+def test_a_busy_loop_is_a_hang_at_the_hard_limit(loaded_run):
+    test = _only_test(loaded_run, "DM-ACC-001")
+    assert test["verdict"] == "hang", test["message"]
+    assert f"{progress.HARD_LIMIT} times the time limit" in test["message"], test["message"]
+    assert test["duration_ms"] >= progress.HARD_LIMIT * LIMIT * 1000
