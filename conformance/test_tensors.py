@@ -528,7 +528,7 @@ def same_scalar(a, b) -> bool:
 
 # decides TP-ITEM-001.1 TP-ITEM-001.2 TP-ITEM-001.3 TP-ITEM-001.4
 @contract("TP-ITEM-001")
-def test_item(dt, n):
+def test_item(dt, n, backend):
     device = torch.device(dt, n - 1)
     problems = []
     for dtype, values in ITEM_CASES:
@@ -557,11 +557,18 @@ def test_item(dt, n):
     assert torch.tensor(2.5, device=device).item() == 2.5, "item() of a 0-dim device tensor is wrong"
     must_raise(lambda: on_device.item(), "item() of a 30-element device tensor", RuntimeError)
 
-    # item() must wait for the queued work that produced the value.
+    # item() must wait for the queued work that produced the value: a copy
+    # queued behind a hold of the current stream (or behind long work).
     big = torch.full((1 << 20,), 3.0).to(device)
-    for _ in range(4):
-        big.mul_(2)
-    assert big[-1].item() == 48.0, "item() returned a value read before the queued in-place ops finished"
+    product = torch.full((1 << 20,), 48.0, dtype=torch.float64).to(device)
+    load = Load(dt, device.index)
+    stream = torch.accelerator.current_stream(device.index)
+    with hold(backend, stream, load) as held:
+        with torch.accelerator.device_index(device.index):
+            big.copy_(product)
+        value, early = waited(lambda: big[-1].item(), held)
+    assert early is not True, "item() returned while the work producing the value was still held"
+    assert value == 48.0, f"item() returned {value}, a value read before the queued work that wrote 48.0 had run"
     assert big.sum().item() == 48.0 * (1 << 20)
 
 

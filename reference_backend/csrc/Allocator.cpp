@@ -1,4 +1,5 @@
 #include "Allocator.h"
+#include "Hooks.h"
 
 #include "DeviceManagement.h"
 #include "Exception.h"
@@ -104,10 +105,11 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
                 "OpenReg: cannot allocate 0 bytes on device ", static_cast<int>(device));
     if (nbytes == 0) return c10::DataPtr(nullptr, torch_device);
     used_ = true;
+    if (mutant::is("primary-context-per-thread")) note_thread_use(device);
     const c10::Stream stream = current_stream(device);
     const size_t size = size_class(nbytes);
     const bool small = size <= kSmallLimit;
-    DeviceCache& cache = *caches_[device];
+    DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : device];
 
     Block* block = nullptr;
     {
@@ -134,7 +136,8 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         DeviceStats s;
         {
           std::lock_guard<std::mutex> lock(cache.mutex);
-          cache.stats.num_ooms++;
+          if (!mutant::is("oom-not-counted")) cache.stats.num_ooms++;
+          if (mutant::is("oom-leaks-failed-allocation")) update(cache.stats.allocated_bytes, size, small, static_cast<int64_t>(size));
           s = cache.stats;
         }
         size_t free_bytes = 0, total_bytes = 0;
@@ -186,6 +189,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
                 "OpenReg: memory pools are not supported");
     TORCH_CHECK(used_ || !mutant::is("empty-cache-before-init-raises"),
                 "OpenReg: empty_cache: the device allocator is not initialized");
+    if (mutant::is("empty-cache-keeps-cache")) return;
     for (const auto device : c10::irange(caches_.size())) {
       if (!is_device_initialized(static_cast<c10::DeviceIndex>(device))) continue;
       release_cache(*caches_[device], static_cast<int>(device));
@@ -214,6 +218,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     device = resolve_device_index(device, "device");
+    if (mutant::is("reset-accumulated-keeps-counters")) return;
     DeviceCache& cache = *caches_[device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     for_each_stat(cache.stats, [](Stat& s) { s.reset_accumulated(); });
@@ -236,19 +241,22 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     device = resolve_device_index(device, "device");
     size_t free_bytes = 0, total_bytes = 0;
     OPENREG_CHECK(orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes));
+    if (mutant::is("memory-info-free-constant")) free_bytes = total_bytes;
     return {free_bytes, total_bytes};
   }
 
   // Called by the DataPtr deleter; never throws.
   void free(Block* block) noexcept {
-    DeviceCache& cache = *caches_[block->device];
+    DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : block->device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.active.erase(block->ptr);
     const bool small = block->size <= kSmallLimit;
-    if (!mutant::is("stats-ignore-frees")) {
+    const bool leak = mutant::is("record-stream-leaks") && !block->uses.empty();
+    if (!mutant::is("stats-ignore-frees") && !leak) {
       update(cache.stats.allocation, block->size, small, -1);
       update(cache.stats.active, block->size, small, -1);
-      update(cache.stats.allocated_bytes, block->size, small, -static_cast<int64_t>(block->size));
+      update(cache.stats.allocated_bytes, block->size, small,
+             -static_cast<int64_t>(mutant::is("stats-free-subtracts-requested-size") ? block->requested : block->size));
       update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
       update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
     }
@@ -388,7 +396,9 @@ class OpenRegHostAllocator final : public at::HostAllocator {
     stats_.allocations.increase(1);
     stats_.allocated_bytes.increase(nbytes);
     stats_.num_host_alloc++;
-    return c10::DataPtr(ptr, block, &delete_host_block, c10::Device(c10::kCPU));
+    return c10::DataPtr(ptr, block, &delete_host_block,
+                        mutant::is("pinned-block-claims-device") ? c10::Device(c10::DeviceType::PrivateUse1, 0)
+                                                                 : c10::Device(c10::kCPU));
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -517,7 +527,8 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {
               "is not resizable");
   const c10::Device device = storage->device();
   check_openreg_device(device, "storage.device");
-  const auto previous = exchange_device(device.index());
+  TORCH_CHECK(new_nbytes != 0 || !mutant::is("resize-to-zero-fails"), "OpenReg: cannot resize a storage to 0 bytes");
+  const auto previous = mutant::is("resize-on-current-device") ? current_device() : exchange_device(device.index());
   try {
     c10::DataPtr fresh = new_nbytes == 0
         ? c10::DataPtr(nullptr, device)

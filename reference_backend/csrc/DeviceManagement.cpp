@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <utility>
 
 namespace openreg {
 
@@ -57,6 +58,9 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index,
 
 c10::DeviceIndex current_device() {
   int device = 0;
+  // Mutant initial-device-is-last: a thread starts on the last device.
+  thread_local bool first_query = true;
+  if (mutant::is("initial-device-is-last") && std::exchange(first_query, false)) switch_device(device_count() - 1);
   OPENREG_CHECK(orGetDevice(&device));
   if (mutant::is("current-device-process-wide")) {
     const int shared = g_process_device.load();
@@ -68,6 +72,7 @@ c10::DeviceIndex current_device() {
 
 void set_device(c10::DeviceIndex index) {
   if (mutant::is("set-device-ignores-out-of-range") && (index < 0 || index >= device_count())) return;
+  if (mutant::is("set-device-bad-index-leaves-device-0") && (index < 0 || index >= device_count())) switch_device(0);
   check_device_index(index);
   if (index != current_device()) {
     OPENREG_CHECK(switch_device(index));
@@ -95,6 +100,8 @@ c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex index) {
 }
 
 void unchecked_set_device(c10::DeviceIndex index) noexcept {
+  if (mutant::is("unchecked-set-device-clamps") && index >= device_count()) index = device_count() - 1;
+  if (mutant::is("unchecked-set-device-minus-one-selects-0") && index == -1) index = 0;
   if (index < 0 || index >= device_count()) return;
   int current = -1;
   if (orGetDevice(&current) != orSuccess) return;

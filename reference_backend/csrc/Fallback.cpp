@@ -251,6 +251,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   auto args = torch::jit::last(*stack, num_args);
   const c10::DeviceIndex device = find_device(schema, args);
+  // Mutant random-ops-use-current-device-generator: the caller's current device picks the generator.
+  const c10::DeviceIndex generator_device =
+      mutant::is("random-ops-use-current-device-generator") ? current_device() : device;
   TORCH_CHECK(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
               "OpenReg: operator ", schema.name(), " is not supported on openreg:",
               static_cast<int>(device), ": it has neither an OpenReg kernel nor "
@@ -263,7 +266,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto run = [&] {
     launch_kernel(current_stream(device), [&] {
       for (size_t i = 0; i < num_args; ++i) {
-        cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, device));
+        cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, generator_device));
       }
       results = cpu_args;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);

@@ -72,6 +72,8 @@ at::Generator make(c10::DeviceIndex index) {
 }  // namespace
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
+  if (mutant::is("default-generator-minus-one-is-device-0") && index == -1) index = 0;
+  if (mutant::is("default-generator-unchecked-index") && (index < -1 || index >= device_count())) index = 0;
   index = resolve_device_index(index, "device_index");
   if (mutant::is("default-generator-new-per-call")) return *new at::Generator(make(index));  // leaks, too
   struct Slot {
@@ -90,6 +92,8 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
 }
 
 at::Generator new_generator(c10::DeviceIndex index) {
+  if (mutant::is("new-generator-minus-one-is-device-0") && index == -1) index = 0;
+  if (mutant::is("new-generator-accepts-bad-index") && (index < -1 || index >= device_count())) index = 0;
   index = resolve_device_index(index, "device_index");
   if (mutant::is("new-generator-is-default")) return default_generator(index);
   return make(index);

@@ -8,6 +8,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <unordered_map>
@@ -27,6 +28,9 @@ void check_type(const Device& device) {
 
 // Mutant elapsed-time-host-clock: when the host called record() on each event.
 std::mutex g_host_times_mutex;
+// Mutants device-count-varies and event-pool-exhausts: calls and events so far.
+std::atomic<uint64_t> g_count_calls{0};
+std::atomic<uint64_t> g_events_made{0};
 std::unordered_map<void*, std::chrono::steady_clock::time_point> g_host_times;
 
 struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -49,6 +53,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
     check_type(device);
     if (mutant::is("guard-redundant-switch")) OPENREG_CHECK(orSetDevice(current_device()));
+    if (mutant::is("guard-switch-initializes-device") && index >= 0 && index < device_count()) orDeviceInit(index);
+    if (mutant::is("exchange-clamps") && index >= device_count()) return Device(kType, exchange_device(device_count() - 1));
+    if (mutant::is("exchange-same-device-returns-0") && index == current_device()) return Device(kType, 0);
     return Device(kType, exchange_device(index));
   }
 
@@ -56,6 +63,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void setDevice(Device device) const override {
     check_type(device);
+    if (mutant::is("guard-set-device-noop")) return;
     set_device(device.index());
   }
 
@@ -69,6 +77,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return;
     }
     if (mutant::is("unchecked-set-device-throws")) set_device(device.index());
+    if (mutant::is("unchecked-set-device-checks-type")) check_openreg_device(device, "device");
     if (mutant::is("guard-does-not-restore")) return;
     if (device.type() == kType) unchecked_set_device(device.index());
   }
@@ -91,18 +100,31 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   Stream getNewStream(Device device, int priority) const override {
     check_type(device);
+    if (mutant::is("new-stream-no-index-on-device-0") && device.index() == -1) device = Device(kType, 0);
+    TORCH_CHECK(!mutant::is("priority-minus-one-fails") || priority == 0, "OpenReg: priority ", priority, " failed");
+    if (mutant::is("bad-priority-crashes") && (priority < kGreatestPriority || priority > kLeastPriority)) std::abort();
     return stream_from_pool(device.index(), priority);
   }
 
   Stream exchangeStream(Stream stream) const override {
-    return exchange_stream(stream);
+    return exchange_stream(foreign_as_openreg(stream));
+  }
+
+  // Mutant guard-accepts-foreign-stream: a stream of another type is taken
+  // for the OpenReg stream with the same index and id.
+  static Stream foreign_as_openreg(Stream stream) {
+    if (!mutant::is("guard-accepts-foreign-stream") || stream.device_type() == kType) return stream;
+    return Stream(Stream::UNSAFE, Device(kType, stream.device_index()), stream.id());
+  }
+
+  DeviceIndex deviceCount() const noexcept override {
+    if (mutant::is("device-count-varies") && g_count_calls.fetch_add(1) % 97 == 96) return device_count() - 1;
+    return device_count();
   }
 
   void* getStreamNativeHandle(const Stream stream) const override {
     return native_stream(stream);
   }
-
-  DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   c10::DeviceCapability getDeviceCapability(Device device) const override {
     check_type(device);
@@ -123,6 +145,16 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
               const c10::EventFlag flag) const override {
     TORCH_CHECK(event != nullptr, "OpenReg: record: event slot is null");
     orStream_t native = native_stream(stream);
+    if (mutant::is("rejected-record-moves-event") && *event && device_index != stream.device_index()) {
+      // Records on the other device first, then refuses: the event has moved.
+      orEventDestroy(static_cast<orEvent_t>(*event));
+      orEvent_t moved = nullptr;
+      const auto previous = exchange_device(stream.device_index());
+      orEventCreateWithFlags(&moved, orEventDisableTiming);
+      maybe_exchange_device(previous);
+      orEventRecord(moved, native);
+      *event = moved;
+    }
     const bool any_device = mutant::is("event-records-on-any-device");
     TORCH_CHECK(any_device || device_index == -1 || device_index == stream.device_index(),
                 "OpenReg: an event of device ", static_cast<int>(device_index),
@@ -131,6 +163,8 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(flag != c10::EventFlag::INVALID, "OpenReg: record: invalid event flag");
     auto* handle = static_cast<orEvent_t>(*event);
     if (handle && any_device) orEventDestroy(handle), handle = nullptr;  // made anew below
+    TORCH_CHECK(!mutant::is("event-pool-exhausts") || handle || g_events_made.fetch_add(1) < 8000,
+                "OpenReg: out of events");
     if (!handle) {
       const unsigned flags = flag == c10::EventFlag::BACKEND_DEFAULT
           ? orEventDefault
@@ -147,7 +181,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
                   "OpenReg: an event of device ", event_device,
                   " cannot be recorded on a stream of device ",
                   static_cast<int>(stream.device_index()));
+      if (mutant::is("event-rerecord-ignored")) return;
     }
+    if (mutant::is("event-record-on-default-stream")) native = native_stream(default_stream(stream.device_index()));
     OPENREG_CHECK(orEventRecord(handle, native));
     if (mutant::is("elapsed-time-host-clock")) {
       std::lock_guard<std::mutex> lock(g_host_times_mutex);
@@ -177,18 +213,20 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   bool queryStream(const Stream& stream) const override {
     if (mutant::is("stream-query-always-true")) return true;
-    const orError_t status = orStreamQuery(native_stream(stream));
+    const orError_t status = orStreamQuery(native_stream(foreign_as_openreg(stream)));
     if (status == orErrorNotReady) return false;
     OPENREG_CHECK(status);
     return true;
   }
 
   void synchronizeStream(const Stream& stream) const override {
-    OPENREG_CHECK(orStreamSynchronize(native_stream(stream)));
+    if (mutant::is("stream-synchronize-returns-early")) return;
+    OPENREG_CHECK(orStreamSynchronize(native_stream(foreign_as_openreg(stream))));
   }
 
   void synchronizeEvent(void* event) const override {
     if (!event) return;
+    if (mutant::is("event-synchronize-returns-early")) return;
     OPENREG_CHECK(orEventSynchronize(static_cast<orEvent_t>(event)));
   }
 
@@ -196,6 +234,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeDevice(const DeviceIndex device_index) const override {
     auto index = resolve_device_index(device_index, "device_index");
     if (mutant::is("synchronize-current-device")) index = current_device();
+    if (mutant::is("device-synchronize-switches-device")) set_device(index);
+    if (mutant::is("device-synchronize-current-stream-only")) {
+      OPENREG_CHECK(orStreamSynchronize(native_stream(current_stream(index))));
+      return;
+    }
     OPENREG_CHECK(orDeviceSynchronize(index));
   }
 
@@ -209,8 +252,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(start && end, "OpenReg: both events must be recorded before "
                 "calculating elapsed time");
     float ms = 0;
-    OPENREG_CHECK(orEventElapsedTime(&ms, static_cast<orEvent_t>(start),
-                                     static_cast<orEvent_t>(end)));
+    OPENREG_CHECK(orEventElapsedTime(&ms, static_cast<orEvent_t>(start), static_cast<orEvent_t>(end)));
+    if (mutant::is("elapsed-time-in-microseconds")) return ms * 1000.0;
+    if (mutant::is("elapsed-time-zero")) return 0.0;
     if (mutant::is("elapsed-time-host-clock")) {
       std::lock_guard<std::mutex> lock(g_host_times_mutex);
       return std::chrono::duration<double, std::milli>(g_host_times[end] - g_host_times[start]).count();

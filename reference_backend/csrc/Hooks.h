@@ -1,5 +1,7 @@
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 
 namespace openreg {
@@ -7,5 +9,8 @@ namespace openreg {
 // How many times PyTorch called the hooks' init() in this process
 // (instrumentation for the conformance suite: it must be exactly once).
 uint64_t hooks_init_calls();
+
+// Mutant primary-context-per-thread: the calling thread allocated on `index`.
+void note_thread_use(c10::DeviceIndex index);
 
 }  // namespace openreg

@@ -24,6 +24,7 @@ constexpr auto kKey = c10::DispatchKey::PrivateUse1;
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
   if (!device.has_value() || !device->has_index()) return mutant::is("no-index-means-device-0") ? 0 : current_device();
   check_openreg_device(*device, "device");
+  if (mutant::is("allocation-on-bad-index-uses-device-0") && device->index() >= device_count()) return 0;
   check_device_index(device->index());
   return device->index();
 }
@@ -109,7 +110,7 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
   ensure_storage_bytes(self, needed);
   if (stride.empty()) {
     impl->set_sizes_contiguous(size);
-    impl->set_storage_offset(offset);
+    impl->set_storage_offset(mutant::is("set-storage-offset-ignored") ? 0 : offset);
   } else {
     impl->set_sizes_and_strides(size, stride, offset);
   }
@@ -136,7 +137,9 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
-  const c10::DeviceGuard guard(self.device());  // the empty storage stays on self's device
+  // The empty storage stays on self's device (mutant set-empty-on-current-device: not).
+  const c10::DeviceGuard guard(mutant::is("set-empty-on-current-device")
+                                   ? c10::Device(c10::DeviceType::PrivateUse1, current_device()) : self.device());
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(),
                      /*resizable=*/true);
   return set_storage(self, empty, 0, {0}, {});
@@ -159,7 +162,7 @@ void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Str
 void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   const auto dst_index = dst.device().index();
   const auto src_index = src.device().index();
-  const c10::Stream dst_stream = current_stream(dst_index);
+  const c10::Stream dst_stream = mutant::is("ops-on-default-stream") ? default_stream(dst_index) : current_stream(dst_index);
   if (src_index == dst_index) {
     if (plain_layout(src) && plain_layout(dst) && src.dtype() == dst.dtype() &&
         src.sizes().equals(dst.sizes())) {
@@ -185,7 +188,8 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     OPENREG_CHECK(orEventCreateWithFlags(&ready, orEventDisableTiming));
     OPENREG_CHECK(orEventRecord(ready, native_stream(src_stream)));
   }
-  const orError_t waited = orStreamWaitEvent(native_stream(dst_stream), ready);
+  const orError_t waited = mutant::is("cross-device-copy-not-ordered") ? orSuccess
+                                                                     : orStreamWaitEvent(native_stream(dst_stream), ready);
   orEventDestroy(ready);
   OPENREG_CHECK(waited);
   at::Tensor target = dst;
@@ -226,11 +230,13 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
     return;
   }
+  if (non_blocking && mutant::is("non-blocking-pageable-returns-early")) return;  // reads src later
   OPENREG_CHECK(orStreamSynchronize(native));  // pageable memory: like CUDA
 }
 
 void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  const c10::Stream stream = current_stream(src.device().index());
+  const c10::Stream stream = mutant::is("d2h-copy-on-default-stream") ? default_stream(src.device().index())
+                                                                      : current_stream(src.device().index());
   const orStream_t native = native_stream(stream);
   at::Tensor source = src;
   if (!plain_layout(src)) {
@@ -241,12 +247,14 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_
   const bool direct = plain_layout(dst) && dst.dtype() == src.dtype() &&
       dst.sizes().equals(src.sizes());
   at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(c10::kCPU));
-  OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), source.nbytes(),
+  OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(),
+                              source.nbytes() - (mutant::is("d2h-drops-last-byte") ? 1 : 0),
                               orMemcpyDeviceToHost, native));
   if (direct && non_blocking && is_pinned_pointer(host.const_data_ptr())) {
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
     return;
   }
+  if (!direct && non_blocking && mutant::is("non-blocking-conversion-to-host-skipped")) return;
   OPENREG_CHECK(orStreamSynchronize(native));
   if (!direct) dst.copy_(host);
 }
@@ -282,6 +290,13 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   const at::Tensor element = mutant::is("item-ignores-offset")
       ? self.as_strided({}, {}, 0) : self.reshape({});
+  if (mutant::is("item-not-ordered")) {  // read on an idle pool stream, not after the current one
+    const c10::Stream idle = stream_from_pool(self.device().index(), 0);
+    OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), element.const_data_ptr(), element.nbytes(),
+                                orMemcpyDeviceToHost, native_stream(idle)));
+    OPENREG_CHECK(orStreamSynchronize(native_stream(idle)));
+    return host.item();
+  }
   copy_device_to_host(element, host, /*non_blocking=*/false);
   return host.item();
 }
@@ -308,6 +323,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 
 void record_stream_op(at::Tensor& self, c10::Stream stream) {
   if (mutant::is("record-stream-ignored")) return;
+  TORCH_CHECK(!mutant::is("record-stream-raises"), "OpenReg: record_stream is not supported");
   record_stream(self.storage().data_ptr(), stream);
 }
 

@@ -4,6 +4,7 @@
 #include "Exception.h"
 #include "Mutants.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -45,7 +46,9 @@ std::vector<c10::StreamId>& current_ids() {
     static std::vector<c10::StreamId> shared(device_count(), 0);
     return shared;
   }
-  thread_local std::vector<c10::StreamId> ids(device_count(), 0);
+  // Mutant current-stream-starts-nondefault: threads start on the first pool stream.
+  thread_local std::vector<c10::StreamId> ids(device_count(),
+                                              mutant::is("current-stream-starts-nondefault") ? (1 << kSlotBits) : 0);
   return ids;
 }
 
@@ -99,7 +102,8 @@ c10::Stream exchange_stream(c10::Stream stream) {
   const auto index = stream.device_index();
   auto& ids = current_ids();
   const auto previous = make_stream(index, ids[index]);
-  ids[index] = stream.id();
+  if (mutant::is("exchange-stream-resets-other-devices")) std::fill(ids.begin(), ids.end(), 0);
+  ids[mutant::is("exchange-stream-uses-current-device") ? current_device() : index] = stream.id();
   if (mutant::is("exchange-stream-switches-device")) set_device(index);
   return mutant::is("exchange-stream-returns-new") ? stream : previous;
 }
@@ -124,8 +128,9 @@ orStream_t native_stream(const c10::Stream& stream) {
               " is not an OpenReg stream (ids are 0 for the default stream or "
               "(level << 5 | slot) with level in [1, 2] and slot in [0, 32))");
   std::call_once(p.once[level][slot], [&] {
-    p.handles[level][slot] =
-        create_on(index, level == 0 ? kLeastPriority : kGreatestPriority);
+    // Mutant stream-of-other-device-on-current: made lazily on whatever device is current.
+    p.handles[level][slot] = create_on(mutant::is("stream-of-other-device-on-current") ? current_device() : index,
+                                       level == 0 ? kLeastPriority : kGreatestPriority);
   });
   return p.handles[level][slot];
 }

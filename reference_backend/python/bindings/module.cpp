@@ -16,6 +16,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -175,20 +176,41 @@ PYBIND11_MODULE(_C, m) {
   // so that tests can observe work still in flight without guessing at
   // sleeps. Returns a gate id for _testing_open_gate.
   m.def("_testing_block_stream", [](const c10::Stream& stream) {
+    // The kernel tells when it runs, so that the call returns with the hold
+    // in effect: the stream's last task is running (not merely queued).
+    struct Gate {
+      std::shared_future<void> opened;
+      std::promise<void> running;
+    };
     auto gate = std::make_shared<std::promise<void>>();
-    auto opened = gate->get_future().share();
+    auto* arg = new Gate{gate->get_future().share(), {}};
+    auto running = arg->running.get_future();
     const orStream_t native = openreg::native_stream(stream);
-    auto* arg = new std::shared_future<void>(opened);
     OPENREG_CHECK(orLaunchKernel(native, [](void* p) -> orError_t {
-      auto* future = static_cast<std::shared_future<void>*>(p);
-      future->wait();
-      delete future;
+      auto* g = static_cast<Gate*>(p);
+      g->running.set_value();
+      g->opened.wait();
+      delete g;
       return orSuccess;
     }, arg));
-    std::lock_guard<std::mutex> lock(gates_mutex());
-    const int64_t id = next_gate_id()++;
-    gates().emplace(id, std::move(gate));
+    int64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(gates_mutex());
+      id = next_gate_id()++;
+      gates().emplace(id, std::move(gate));
+    }
+    {
+      // Bounded: work queued before the gate (or a wait on another held
+      // stream) may keep it from starting; the hold is in effect either way.
+      py::gil_scoped_release no_gil;
+      running.wait_for(std::chrono::seconds(10));
+    }
     return id;
+  });
+  // Mutant device-count-at-import-creates-context: a device context made
+  // behind PyTorch's back (no lazy initialization).
+  m.def("_testing_init_device", [](int64_t index) {
+    OPENREG_CHECK(orDeviceInit(static_cast<int>(index)));
   });
   m.def("_testing_open_gate", [](int64_t id) {
     std::shared_ptr<std::promise<void>> gate;

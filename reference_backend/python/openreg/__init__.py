@@ -17,6 +17,7 @@ this module is first imported:
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import traceback
@@ -93,11 +94,18 @@ _init_traceback: str | None = None
 
 def _is_in_bad_fork() -> bool:
     """True in a child forked after OpenReg was initialized in the parent."""
+    if _mutants.active("fork-poisons-uninitialized"):
+        return os.getpid() != _IMPORT_PID  # any fork, initialized or not
     return _C._is_in_bad_fork()
+
+
+_IMPORT_PID = os.getpid()  # (mutant fork-poisons-uninitialized)
 
 
 def is_initialized() -> bool:
     """Whether OpenReg has been initialized in this process. Never initializes."""
+    if _mutants.active("module-is-initialized-raises-before-init") and not _initialized:
+        raise RuntimeError("OpenReg: not initialized yet")
     return _initialized and not _is_in_bad_fork()
 
 
@@ -133,6 +141,8 @@ def is_available() -> bool:
     try:
         if _mutants.active("availability-initializes"):
             _lazy_init()
+        if _mutants.active("module-is-available-false"):
+            return False
         return _C._device_count() > 0
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return False
@@ -141,6 +151,8 @@ def is_available() -> bool:
 def device_count() -> int:
     """Number of OpenReg devices. Never raises, never initializes."""
     try:
+        if _mutants.active("module-count-zero-before-init") and not _initialized:
+            return 0
         return _C._device_count()
     except Exception:  # noqa: BLE001
         return 0
@@ -195,6 +207,12 @@ def _resolve_device(device: Any) -> int:
 # threads). In C++: it initializes lazily through _lazy_init on first use.
 current_device = _C.current_device
 
+if _mutants.active("module-set-device-python-only"):
+    _python_device = threading.local()
+
+    def current_device() -> int:  # noqa: F811 - the mutant's own bookkeeping
+        return getattr(_python_device, "index", 0)
+
 
 def set_device(device: Any) -> None:
     """Make `device` current for the calling thread.
@@ -207,6 +225,9 @@ def set_device(device: Any) -> None:
     """
     index = device if type(device) is int else _device_index(device, optional=False)
     if index == -1 and not _mutants.active("module-set-device-minus-one-raises"):
+        return
+    if _mutants.active("module-set-device-python-only"):
+        _python_device.index = index
         return
     _lazy_init()
     _C._set_device(index)
@@ -237,6 +258,8 @@ class device:
 
     def __init__(self, device: Any) -> None:
         self.idx = _device_index(device, optional=True)
+        if device is None and _mutants.active("module-device-none-is-device-0"):
+            self.idx = 0
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -268,6 +291,8 @@ def _generator(device: Any) -> torch.Generator:
 
 def manual_seed(seed: int) -> None:
     """Seed the current device's default generator."""
+    if _mutants.active("manual-seed-seeds-all"):
+        return manual_seed_all(seed)
     _generator(None).manual_seed(int(seed))
 
 
@@ -289,6 +314,8 @@ def seed_all() -> None:
     """Seed all default generators with one non-deterministic number."""
     if not default_generators:
         return
+    if _mutants.active("seed-all-seeds-current-only"):
+        return seed()
     value = default_generators[0].seed()
     for generator in default_generators[1:]:
         generator.manual_seed(value)
@@ -322,6 +349,8 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
             f"device), got {len(new_states)}"
         )
     for index, state in enumerate(new_states):
+        if _mutants.active("set-rng-state-all-skips-last") and index == len(new_states) - 1:
+            break
         set_rng_state(state, index)
 
 
@@ -334,11 +363,17 @@ def _stats_device(device: Any) -> int:
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
     """Allocator statistics of `device` (flattened, as torch.accelerator.memory_stats)."""
+    if _mutants.active("module-memory-stats-stale"):
+        return _STALE_STATS.setdefault(_stats_device(device), torch.accelerator.memory_stats(_stats_device(device)))
     return torch.accelerator.memory_stats(_stats_device(device))
 
 
+_STALE_STATS: dict[int, dict[str, Any]] = {}  # (mutant module-memory-stats-stale)
+
+
 def memory_allocated(device: Any = None) -> int:
-    return torch.accelerator.memory_allocated(_stats_device(device))
+    extra = 1 if _mutants.active("module-memory-allocated-off") else 0
+    return torch.accelerator.memory_allocated(_stats_device(device)) + extra
 
 
 def max_memory_allocated(device: Any = None) -> int:
@@ -404,6 +439,8 @@ def get_device_name(device: Any = None) -> str:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Dtypes torch.autocast("openreg", dtype=...) accepts."""
+    if _mutants.active("amp-dtypes-empty"):
+        return []
     return [torch.float16, torch.bfloat16]
 
 
@@ -452,3 +489,8 @@ from . import _dynamo  # noqa: E402
 # Last: if torch._dynamo is already imported, this registers the dynamo
 # DeviceInterface at once, and it reads the module's full API.
 _dynamo.install()
+
+if _mutants.active("device-count-at-import-creates-context") and device_count():
+    _C._testing_init_device(0)  # a context on device 0 while the backend loads
+if _mutants.active("default-autocast-dtype-unadvertised"):
+    torch.set_autocast_dtype(_BACKEND_NAME, torch.float64)

@@ -40,11 +40,17 @@ def _register() -> None:
         current_device = staticmethod(openreg.current_device)
         set_device = staticmethod(openreg.set_device)
         exchange_device = staticmethod(openreg._exchange_device)
+        if _mutants.active("dynamo-exchange-returns-new"):
+            exchange_device = staticmethod(lambda device: (openreg._exchange_device(device), device)[1])
         maybe_exchange_device = staticmethod(openreg._maybe_exchange_device)
         device_count = staticmethod(openreg.device_count)
+        if _mutants.active("dynamo-device-count-wrong"):
+            device_count = staticmethod(lambda: openreg.device_count() + 1)
         is_available = staticmethod(openreg.is_available)
         stream = staticmethod(openreg.stream)
         current_stream = staticmethod(openreg.current_stream)
+        if _mutants.active("dynamo-current-stream-is-default"):
+            current_stream = staticmethod(lambda device=None: openreg.default_stream(device))
         set_stream = staticmethod(openreg.set_stream)
         synchronize = staticmethod(openreg.synchronize)
         if _mutants.active("dynamo-synchronize-is-noop"):

@@ -13,17 +13,35 @@ SELECTED: str | None = os.environ.get("OPENREG_MUTANT") or None
 # The IDs of the mutants implemented in Python; kept in step with
 # conformance/mutants.toml by tests/test_mutants.py.
 KNOWN: frozenset[str] = frozenset({
+    "amp-dtypes-empty",
     "availability-initializes",  # (also in C++: the hooks' isAvailable)
+    "default-autocast-dtype-unadvertised",
     "device-context-leaks-on-exception",
+    "device-count-at-import-creates-context",
+    "dynamo-current-stream-is-default",
+    "dynamo-device-count-wrong",
+    "dynamo-exchange-returns-new",
     "dynamo-synchronize-is-noop",
+    "fork-poisons-uninitialized",
     "load-on-current-device",
     "manual-seed-not-reaching-device",
+    "manual-seed-seeds-all",
     "map-location-unchecked",
     "module-accepts-other-device-type",
+    "module-count-zero-before-init",
+    "module-device-none-is-device-0",
+    "module-is-available-false",
+    "module-is-initialized-raises-before-init",
+    "module-memory-allocated-off",
+    "module-memory-stats-stale",
     "module-set-device-minus-one-raises",
+    "module-set-device-python-only",
     "rng-state-ignores-device",
+    "seed-all-seeds-current-only",
+    "set-rng-state-all-skips-last",
     "synchronize-ignores-bad-index",
     "unrecorded-event-not-ready",
+    "unrecorded-synchronize-raises",
 })
 
 

@@ -37,7 +37,8 @@ def init_count() -> int:
 
 def block_stream(stream):
     """Hold `stream` at this point of its queue (a kernel that waits on a
-    gate); returns the function that opens the gate."""
+    gate); returns, once that kernel runs (the stream's last task is then
+    certainly running), the function that opens the gate."""
     from . import _C
 
     gate = _C._testing_block_stream(stream)

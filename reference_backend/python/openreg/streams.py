@@ -110,6 +110,12 @@ class Event(torch.Event):
         def query(self) -> bool:  # asks the runtime even when no event exists yet
             return bool(self.event_id) and super().query()
 
+    if _mutants.active("unrecorded-synchronize-raises"):
+        def synchronize(self) -> None:
+            if not self.event_id:
+                raise RuntimeError("OpenReg: the event was never recorded")
+            super().synchronize()
+
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds between this event and `end_event` (both recorded
         with enable_timing=True and completed). torch.Event's own method

@@ -131,8 +131,13 @@ void orStream::run() {
       std::unique_lock<std::mutex> lock(mutex);
       work_ready.wait(lock, [&] { return stopping || !queue.empty(); });
       if (queue.empty()) return;  // stopping and drained
-      task = std::move(queue.front());
-      queue.pop_front();
+      if (mutant::is("stream-runs-newest-first")) {
+        task = std::move(queue.back());
+        queue.pop_back();
+      } else {
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
     }
     std::string error;
     if (task.work) {
@@ -289,7 +294,8 @@ orError_t orStreamQuery(orStream_t stream) {
   bool done;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    done = s->completed == s->submitted;
+    // Mutant query-done-while-last-task-runs: only the queue is looked at.
+    done = mutant::is("query-done-while-last-task-runs") ? s->queue.empty() : s->completed == s->submitted;
   }
   if (!done) return orErrorNotReady;
   return take_kernel_error(call, s);
