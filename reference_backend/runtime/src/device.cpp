@@ -197,7 +197,7 @@ orError_t get_device(const char* call, int device, Device** out) {
       return fail(orErrorMemoryAllocation, "%s: cannot initialize device %d: %s",
                   call, device, error.c_str());
     }
-    orStream* stream = new_stream(device, 0, /*is_default=*/true);
+    StreamRef stream = new_stream(device, 0, /*is_default=*/true);
     fresh->default_stream = stream;
     fresh->streams.push_back(stream);
     g_devices[device].store(fresh, std::memory_order_release);
@@ -302,14 +302,14 @@ orError_t orDeviceSynchronize(int device) {
   if (orError_t e = check_not_forked("orDeviceSynchronize")) return e;
   Device* d = device_if_initialized(device);
   if (!d) return orSuccess;
-  std::vector<orStream*> streams;
+  std::vector<StreamRef> streams;
   {
     std::lock_guard<std::mutex> lock(d->streams_mutex);
     streams = d->streams;
   }
   orError_t first = orSuccess;
-  for (orStream* s : streams) {
-    orError_t e = orStreamSynchronize(s);
+  for (const StreamRef& s : streams) {
+    orError_t e = orStreamSynchronize(s.get());
     // A stream destroyed meanwhile has finished its work: not an error here.
     if (e != orSuccess && e != orErrorInvalidHandle && first == orSuccess) {
       first = e;

@@ -88,6 +88,9 @@ class Arena {
 
   void insert_free(size_t offset, size_t size);
   void erase_free(size_t offset, size_t size);
+  // Discards the whole pages inside [offset, offset+size) (they read as zero
+  // afterwards). Only for blocks that no one can be handed meanwhile.
+  void punch(size_t offset, size_t size);
 
   int device_;
   size_t capacity_;  // exactly the configured bytes: the accounting limit
@@ -144,7 +147,9 @@ struct orEvent {
   int device = 0;
   bool timing = true;
   std::mutex mutex;
-  orStream* stream = nullptr;  // last record; nullptr if never recorded
+  // The stream of the last record (null if never recorded). Shared: waiting
+  // on the event reads the stream's progress even after it was destroyed.
+  std::shared_ptr<orStream> stream;
   uint64_t seq = 0;
   std::shared_ptr<openreg::runtime::Marker> marker;
 };
@@ -156,9 +161,9 @@ struct Device {
       : index(index), arena(index, capacity) {}
   int index;
   Arena arena;
-  orStream* default_stream = nullptr;
+  std::shared_ptr<orStream> default_stream;
   std::mutex streams_mutex;
-  std::vector<orStream*> streams;  // live streams, default stream included
+  std::vector<std::shared_ptr<orStream>> streams;  // live, default included
 };
 
 // The device if initialized, else nullptr. Never initializes.
@@ -168,11 +173,22 @@ orError_t get_device(const char* call, int device, Device** out);
 // The device owning `ptr` (device memory), or nullptr.
 Device* device_owning(const void* ptr);
 
+// Streams and events are owned jointly: the handle table holds one reference
+// until orStreamDestroy/orEventDestroy, and every call, event record and
+// pending cross-stream wait that uses one holds another while it does. An
+// object is freed when the last of them lets go, never under a running call.
+using StreamRef = std::shared_ptr<orStream>;
+using EventRef = std::shared_ptr<orEvent>;
+
 // Creates a stream with its worker thread and registers its handle.
-orStream* new_stream(int device, int priority, bool is_default);
+StreamRef new_stream(int device, int priority, bool is_default);
 
 // Resolves nullptr to the current device's default stream and validates.
-orError_t resolve_stream(const char* call, orStream_t stream, orStream** out);
+orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out);
+
+// Validates an event handle.
+orError_t resolve_event(const char* call, const char* argument, orEvent_t event,
+                        EventRef* out);
 
 // Events created and not yet destroyed.
 uint64_t live_event_count();

@@ -100,46 +100,58 @@ void* Arena::allocate(size_t requested) {
 }
 
 bool Arena::release(void* ptr) {
-  size_t offset = static_cast<char*>(ptr) - device_base_;
-  size_t start, size;
+  const size_t offset = static_cast<char*>(ptr) - device_base_;
+  size_t size;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocated_.find(offset);
     if (it == allocated_.end()) return false;
     size = it->second.reserved;
+    // From here the block is neither allocated nor free: no other thread can
+    // free it again or be handed it by allocate().
     allocated_.erase(it);
+  }
+  // Give the block's whole pages back, so that freed memory does not stay
+  // resident. This must happen before the block is on the free list: once
+  // it is there another thread may allocate it and write to it, and a hole
+  // punched after that write would turn the write into zeros. The pages lie
+  // inside the block, so no live allocation shares them.
+  if (size >= kPunchThreshold) {
+    punch(offset, size);
+  }
+  size_t start = offset, merged = size;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     used_ -= size;
-    start = offset;
     // Coalesce with free neighbours.
-    auto next = free_by_offset_.find(start + size);
+    auto next = free_by_offset_.find(start + merged);
     if (next != free_by_offset_.end()) {
-      size_t next_size = next->second;
+      const size_t next_size = next->second;
       erase_free(next->first, next_size);
-      size += next_size;
+      merged += next_size;
     }
     auto prev = free_by_offset_.lower_bound(start);
     if (prev != free_by_offset_.begin()) {
       --prev;
       if (prev->first + prev->second == start) {
-        size_t prev_offset = prev->first, prev_size = prev->second;
+        const size_t prev_offset = prev->first, prev_size = prev->second;
         erase_free(prev_offset, prev_size);
         start = prev_offset;
-        size += prev_size;
+        merged += prev_size;
       }
     }
-    insert_free(start, size);
-  }
-  // Give whole pages of the free block back, so that freed memory does not
-  // stay resident. Pages shared with live allocations are never inside it.
-  if (size >= kPunchThreshold) {
-    size_t first = round_up(start, kPage);
-    size_t last = (start + size) / kPage * kPage;
-    if (last > first) {
-      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(first), static_cast<off_t>(last - first));
-    }
+    insert_free(start, merged);
   }
   return true;
+}
+
+void Arena::punch(size_t offset, size_t size) {
+  const size_t first = round_up(offset, kPage);
+  const size_t last = (offset + size) / kPage * kPage;
+  if (last > first) {
+    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(first), static_cast<off_t>(last - first));
+  }
 }
 
 bool Arena::find(const void* ptr, size_t count, void** base,
@@ -388,7 +400,7 @@ orError_t orPointerGetAttributes(orPointerAttributes* attributes,
 orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
                         orMemcpyKind kind, orStream_t stream) {
   const char* call = "orMemcpyAsync";
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   int copy_device = -1;
   if (orError_t e = check_copy(call, dst, src, count, kind, &copy_device)) return e;
@@ -433,7 +445,7 @@ orError_t orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) 
 
 orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {
   const char* call = "orMemsetAsync";
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   if (count == 0) return orSuccess;
   Device* d = nullptr;

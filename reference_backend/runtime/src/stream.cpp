@@ -10,7 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace openreg::runtime {
 
@@ -20,10 +20,11 @@ namespace {
 thread_local int tls_kernel_device = -1;
 thread_local std::string* tls_kernel_error = nullptr;
 
+// The handle tables: each holds its objects' first reference.
 struct Registry {
   std::mutex mutex;
-  std::unordered_set<const orStream*> streams;
-  std::unordered_set<const orEvent*> events;
+  std::unordered_map<const orStream*, StreamRef> streams;
+  std::unordered_map<const orEvent*, EventRef> events;
 };
 Registry& registry() {
   static auto* r = new Registry();  // leaked: workers may outlive statics
@@ -40,16 +41,11 @@ uint64_t live_event_count() {
 
 namespace {
 
-bool live(const orStream* s) {
+StreamRef find_stream(const orStream* s) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.streams.count(s) != 0;
-}
-
-bool live(const orEvent* e) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return r.events.count(e) != 0;
+  auto it = r.streams.find(s);
+  return it == r.streams.end() ? nullptr : it->second;
 }
 
 void name_thread(std::thread& t, int device, const void* stream, bool is_default) {
@@ -61,20 +57,39 @@ void name_thread(std::thread& t, int device, const void* stream, bool is_default
 
 }  // namespace
 
-orStream* new_stream(int device, int priority, bool is_default) {
-  auto* s = new orStream();
+StreamRef new_stream(int device, int priority, bool is_default) {
+  auto s = std::make_shared<orStream>();
   s->device = device;
   s->priority = priority;
   s->is_default = is_default;
-  s->worker = std::thread([s] { s->run(); });
-  name_thread(s->worker, device, s, is_default);
+  // The worker may use the raw pointer: the object outlives it (destroying a
+  // stream joins the worker before dropping the table's reference).
+  orStream* raw = s.get();
+  s->worker = std::thread([raw] { raw->run(); });
+  name_thread(s->worker, device, raw, is_default);
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.streams.insert(s);
+  r.streams.emplace(raw, s);
   return s;
 }
 
-orError_t resolve_stream(const char* call, orStream_t stream, orStream** out) {
+orError_t resolve_event(const char* call, const char* argument, orEvent_t event,
+                        EventRef* out) {
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.events.find(event);
+    if (it != r.events.end()) {
+      *out = it->second;
+      return orSuccess;
+    }
+  }
+  return fail(orErrorInvalidHandle, "%s: %s=%p is not a live OpenReg event "
+              "(destroyed or never created)", call, argument,
+              static_cast<void*>(event));
+}
+
+orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out) {
   if (orError_t e = check_not_forked(call)) return e;
   if (!stream) {
     int device = 0;
@@ -84,12 +99,13 @@ orError_t resolve_stream(const char* call, orStream_t stream, orStream** out) {
     *out = d->default_stream;
     return orSuccess;
   }
-  if (!live(stream)) {
+  StreamRef found = find_stream(stream);
+  if (!found) {
     return fail(orErrorInvalidHandle, "%s: stream=%p is not a live OpenReg "
                 "stream (destroyed or never created)", call,
                 static_cast<void*>(stream));
   }
-  *out = stream;
+  *out = std::move(found);
   return orSuccess;
 }
 
@@ -178,7 +194,7 @@ void orStream::run() {
 namespace {
 
 // Returns (and clears) the sticky kernel error of `s`, if any.
-orError_t take_kernel_error(const char* call, orStream* s) {
+orError_t take_kernel_error(const char* call, const StreamRef& s) {
   std::string error;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
@@ -203,12 +219,12 @@ orError_t create_stream(orStream_t* stream, int priority, const char* call) {
   if (orError_t e = current_device(call, &device)) return e;
   Device* d = nullptr;
   if (orError_t e = get_device(call, device, &d)) return e;
-  orStream* s = new_stream(device, priority, /*is_default=*/false);
+  StreamRef s = new_stream(device, priority, /*is_default=*/false);
   {
     std::lock_guard<std::mutex> lock(d->streams_mutex);
     d->streams.push_back(s);
   }
-  *stream = s;
+  *stream = s.get();
   return orSuccess;
 }
 
@@ -230,16 +246,19 @@ orError_t orStreamDestroy(orStream_t stream) {
     return fail(orErrorInvalidHandle, "%s: stream is null (default streams "
                 "cannot be destroyed)", call);
   }
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   if (s->is_default) {
     return fail(orErrorNotPermitted, "%s: the default stream of device %d "
                 "cannot be destroyed", call, s->device);
   }
+  if (tls_kernel_device >= 0) {
+    return fail(orErrorNotPermitted, "%s: kernels may not destroy streams", call);
+  }
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (!r.streams.erase(s)) {
+    if (!r.streams.erase(s.get())) {
       return fail(orErrorInvalidHandle, "%s: stream destroyed twice", call);
     }
   }
@@ -255,9 +274,9 @@ orError_t orStreamDestroy(orStream_t stream) {
   }
   s->work_ready.notify_all();
   s->worker.join();  // drains queued work first
-  // The object itself is never freed: waits on other streams may still read
-  // its counters. It costs a few hundred bytes per destroyed stream.
   s->magic.store(0);
+  // The object is freed with its last reference: events recorded on it and
+  // waits of other streams may still read its progress.
   return orSuccess;
 }
 
@@ -265,13 +284,13 @@ orError_t orStreamGetDefault(int device, orStream_t* stream) {
   if (!stream) return fail(orErrorInvalidValue, "orStreamGetDefault: stream is null");
   Device* d = nullptr;
   if (orError_t e = get_device("orStreamGetDefault", device, &d)) return e;
-  *stream = d->default_stream;
+  *stream = d->default_stream.get();
   return orSuccess;
 }
 
 orError_t orStreamGetDevice(orStream_t stream, int* device) {
   if (!device) return fail(orErrorInvalidValue, "orStreamGetDevice: device is null");
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream("orStreamGetDevice", stream, &s)) return e;
   *device = s->device;
   return orSuccess;
@@ -281,7 +300,7 @@ orError_t orStreamGetPriority(orStream_t stream, int* priority) {
   if (!priority) {
     return fail(orErrorInvalidValue, "orStreamGetPriority: priority is null");
   }
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream("orStreamGetPriority", stream, &s)) return e;
   *priority = s->priority;
   return orSuccess;
@@ -289,7 +308,7 @@ orError_t orStreamGetPriority(orStream_t stream, int* priority) {
 
 orError_t orStreamQuery(orStream_t stream) {
   const char* call = "orStreamQuery";
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   bool done;
   {
@@ -303,7 +322,7 @@ orError_t orStreamQuery(orStream_t stream) {
 
 orError_t orStreamSynchronize(orStream_t stream) {
   const char* call = "orStreamSynchronize";
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   if (tls_kernel_device >= 0) {
     return fail(orErrorNotPermitted, "%s: kernels may not synchronize streams", call);
@@ -320,7 +339,7 @@ orError_t orStreamSynchronize(orStream_t stream) {
 orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   const char* call = "orLaunchKernel";
   if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
-  orStream* s = nullptr;
+  StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   g_kernels.fetch_add(1, std::memory_order_relaxed);
   s->enqueue({[fn, arg]() { return fn(arg); }, nullptr});
@@ -379,15 +398,15 @@ orError_t create_event(orEvent_t* event, unsigned flags, const char* call) {
   if (orError_t e = current_device(call, &device)) return e;
   Device* d = nullptr;
   if (orError_t e = get_device(call, device, &d)) return e;
-  auto* e = new orEvent();
+  auto e = std::make_shared<orEvent>();
   e->device = device;
   e->timing = !(flags & orEventDisableTiming);
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    r.events.insert(e);
+    r.events.emplace(e.get(), e);
   }
-  *event = e;
+  *event = e.get();
   return orSuccess;
 }
 
@@ -404,74 +423,71 @@ orError_t orEventCreateWithFlags(orEvent_t* event, unsigned flags) {
 }
 
 orError_t orEventDestroy(orEvent_t event) {
+  EventRef e;
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    if (!event || !r.events.erase(event)) {
+    auto it = event ? r.events.find(event) : r.events.end();
+    if (it == r.events.end()) {
       return fail(orErrorInvalidHandle, "orEventDestroy: event=%p is not a "
                   "live OpenReg event", static_cast<void*>(event));
     }
+    e = std::move(it->second);
+    r.events.erase(it);
   }
-  // Pending markers hold their own reference; the event can go now.
-  delete event;
+  // Pending markers hold their own reference, and a call still using the
+  // event holds one to it: the object goes with the last of them.
+  e->magic.store(0);
   return orSuccess;
 }
 
 orError_t orEventGetDevice(orEvent_t event, int* device) {
   if (!device) return fail(orErrorInvalidValue, "orEventGetDevice: device is null");
-  if (!live(event)) {
-    return fail(orErrorInvalidHandle, "orEventGetDevice: event=%p is not a live "
-                "OpenReg event", static_cast<void*>(event));
-  }
-  *device = event->device;
+  EventRef e;
+  if (orError_t r = resolve_event("orEventGetDevice", "event", event, &e)) return r;
+  *device = e->device;
   return orSuccess;
 }
 
 orError_t orEventRecord(orEvent_t event, orStream_t stream) {
   const char* call = "orEventRecord";
-  if (!live(event)) {
-    return fail(orErrorInvalidHandle, "%s: event=%p is not a live OpenReg event",
-                call, static_cast<void*>(event));
-  }
-  orStream* s = nullptr;
-  if (orError_t e = resolve_stream(call, stream, &s)) return e;
-  if (s->device != event->device) {
+  EventRef e;
+  if (orError_t r = resolve_event(call, "event", event, &e)) return r;
+  StreamRef s;
+  if (orError_t r = resolve_stream(call, stream, &s)) return r;
+  if (s->device != e->device) {
     return fail(orErrorDeviceMismatch, "%s: the event belongs to device %d but "
-                "the stream belongs to device %d", call, event->device, s->device);
+                "the stream belongs to device %d", call, e->device, s->device);
   }
   auto marker = std::make_shared<Marker>();
-  std::lock_guard<std::mutex> lock(event->mutex);
-  event->seq = s->enqueue({{}, marker});
-  event->stream = s;
-  event->marker = std::move(marker);
+  std::lock_guard<std::mutex> lock(e->mutex);
+  e->seq = s->enqueue({{}, marker});
+  e->stream = std::move(s);
+  e->marker = std::move(marker);
   return orSuccess;
 }
 
 orError_t orEventQuery(orEvent_t event) {
-  if (orError_t e = check_not_forked("orEventQuery")) return e;
-  if (!live(event)) {
-    return fail(orErrorInvalidHandle, "orEventQuery: event=%p is not a live "
-                "OpenReg event", static_cast<void*>(event));
-  }
-  std::lock_guard<std::mutex> lock(event->mutex);
-  if (!event->stream) return orSuccess;
-  return event->marker->done.load(std::memory_order_acquire) ? orSuccess
-                                                             : orErrorNotReady;
+  if (orError_t r = check_not_forked("orEventQuery")) return r;
+  EventRef e;
+  if (orError_t r = resolve_event("orEventQuery", "event", event, &e)) return r;
+  std::lock_guard<std::mutex> lock(e->mutex);
+  if (!e->stream) return orSuccess;
+  return e->marker->done.load(std::memory_order_acquire) ? orSuccess
+                                                         : orErrorNotReady;
 }
 
 orError_t orEventSynchronize(orEvent_t event) {
   // In a forked child the worker that would complete the event is gone.
-  if (orError_t e = check_not_forked("orEventSynchronize")) return e;
-  if (!live(event)) {
-    return fail(orErrorInvalidHandle, "orEventSynchronize: event=%p is not a "
-                "live OpenReg event", static_cast<void*>(event));
-  }
-  orStream* s;
+  if (orError_t r = check_not_forked("orEventSynchronize")) return r;
+  EventRef e;
+  if (orError_t r = resolve_event("orEventSynchronize", "event", event, &e)) return r;
+  StreamRef s;
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    s = event->stream;
-    seq = event->seq;
+    std::lock_guard<std::mutex> lock(e->mutex);
+    s = e->stream;
+    seq = e->seq;
   }
   if (s) s->wait_for(seq);
   return orSuccess;
@@ -479,23 +495,21 @@ orError_t orEventSynchronize(orEvent_t event) {
 
 orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
   const char* call = "orStreamWaitEvent";
-  if (!live(event)) {
-    return fail(orErrorInvalidHandle, "%s: event=%p is not a live OpenReg event",
-                call, static_cast<void*>(event));
-  }
-  orStream* s = nullptr;
-  if (orError_t e = resolve_stream(call, stream, &s)) return e;
-  orStream* producer;
+  EventRef e;
+  if (orError_t r = resolve_event(call, "event", event, &e)) return r;
+  StreamRef s;
+  if (orError_t r = resolve_stream(call, stream, &s)) return r;
+  StreamRef producer;
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    producer = event->stream;
-    seq = event->seq;
+    std::lock_guard<std::mutex> lock(e->mutex);
+    producer = e->stream;
+    seq = e->seq;
   }
   if (!producer || producer == s) return orSuccess;  // FIFO already orders it
   // Waits only reference work submitted before this call, so waits between
-  // streams can never form a cycle.
-  s->enqueue({[producer, seq]() {
+  // streams can never form a cycle. The task keeps the producer alive.
+  s->enqueue({[producer = std::move(producer), seq]() {
                 producer->wait_for(seq);
                 return orSuccess;
               },
@@ -506,10 +520,9 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
 orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   const char* call = "orEventElapsedTime";
   if (!ms) return fail(orErrorInvalidValue, "%s: ms is null", call);
-  if (!live(start) || !live(end)) {
-    return fail(orErrorInvalidHandle, "%s: start and end must be live OpenReg "
-                "events", call);
-  }
+  EventRef start_ref, end_ref;
+  if (orError_t r = resolve_event(call, "start", start, &start_ref)) return r;
+  if (orError_t r = resolve_event(call, "end", end, &end_ref)) return r;
   if (!start->timing || !end->timing) {
     return fail(orErrorInvalidValue, "%s: both events must be created with "
                 "timing enabled (without orEventDisableTiming)", call);

@@ -132,7 +132,10 @@ OR_API orError_t orMemsetAsync(void* dst, int value, size_t count,
 
 // ---------------------------------------------------------------- streams
 // Streams belong to the current device. Handles stay valid until destroyed;
-// default streams are never destroyed.
+// default streams are never destroyed. orStreamDestroy waits for the stream's
+// queued work; events recorded on it stay usable. As with CUDA, the address of
+// a destroyed stream or event may be reused by a later one, so a handle must
+// not be used after it was destroyed (until then, every call rejects it).
 OR_API orError_t orStreamCreate(orStream_t* stream);
 OR_API orError_t orStreamCreateWithPriority(orStream_t* stream, int priority);
 OR_API orError_t orStreamDestroy(orStream_t stream);
