@@ -99,3 +99,9 @@ def test_invalid_configuration_means_zero_devices_with_a_warning(name, value):
     kind, message = r["tensor_on_last"]
     assert kind == "RuntimeError" and setting in message, (
         f"device use with {setting} should be a RuntimeError naming it: {r['tensor_on_last']}")
+    # Every entry point that validates an index says why there are none (the
+    # audit found mem_get_info(0) saying only "there are no OpenReg devices").
+    for outcome in [*r["memory"], r["set_last"]]:
+        kind, message = outcome
+        assert kind == "RuntimeError" and setting in message, (
+            f"with {setting}, {outcome} should be a RuntimeError naming the setting")

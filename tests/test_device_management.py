@@ -702,3 +702,18 @@ def test_random_device_operations_match_model(ops):
         while contexts:
             contexts.pop()[0].__exit__(None, None, None)
         torch.openreg.set_device(0)
+
+
+@pytest.mark.parametrize("name", ["_exchange_device", "_maybe_exchange_device"])
+@pytest.mark.parametrize("value", [True, False])
+def test_exchange_functions_reject_bools_like_set_device(two_devices, name, value):
+    """bool is an int subclass, but no device index: set_device rejects it, and
+    so do the exchange functions (PyTorch's own bindings reject bool too)."""
+    torch.openreg.set_device(1)
+    with pytest.raises(TypeError) as excinfo:
+        getattr(torch.openreg, name)(value)
+    assert "bool" in error_text(excinfo) and str(value) in error_text(excinfo)
+    assert torch.openreg.current_device() == 1
+    with pytest.raises(TypeError):
+        torch.openreg.set_device(value)
+    torch.openreg.set_device(0)

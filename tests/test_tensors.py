@@ -3,6 +3,8 @@ and the fallback's error contract)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -232,3 +234,87 @@ def test_fallback_computes_like_cpu():
     out = torch.empty(0, device="openreg")
     torch.add(a, 1, out=out)
     assert out.shape == (5, 4) and torch.equal(out.cpu(), a_cpu + 1)
+
+
+# ----------------------------------------------- errors raised where they happen
+
+BAD_COPIES = {
+    "shape": (lambda d: torch.zeros(3, device=d), lambda d: torch.arange(4, device=d), "size of tensor"),
+    "shape-converting": (lambda d: torch.zeros(3, 2, device=d),
+                         lambda d: torch.ones(2, 3, dtype=torch.int32, device=d), "size of tensor"),
+    "shape-strided": (lambda d: torch.zeros(4, 4, device=d).t(), lambda d: torch.arange(5.0, device=d),
+                      "size of tensor"),
+    "empty-destination": (lambda d: torch.zeros(0, device=d), lambda d: torch.arange(4.0, device=d),
+                          "size of tensor"),
+    "overlapping-destination": (lambda d: torch.zeros(1, device=d).expand(3),
+                                lambda d: torch.arange(3.0, device=d), "more than one element"),
+    "no-conversion": (lambda d: torch.zeros(4, device=d),
+                      lambda d: torch.zeros(4, dtype=torch.uint8).view(torch.bits8).to(d), "Bits8"),
+    "sub-byte-strided": (lambda d: torch.zeros(4, 4, dtype=torch.uint8, device=d).view(torch.int4).t(),
+                         lambda d: torch.zeros(4, 4, dtype=torch.uint8, device=d).view(torch.int4),
+                         "Int4"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_COPIES, ids=str)
+def test_bad_copies_raise_at_the_call_in_the_calling_thread(case):
+    """An invalid copy_ raises where it is made (the audit found a bad same-device
+    copy returning normally and failing at the next synchronization, possibly
+    another thread's). The destination is unchanged and nothing is deferred."""
+    make_dst, make_src, fragment = BAD_COPIES[case]
+    d = torch.device("openreg", 0)
+    dst, src = make_dst(d), make_src(d)
+    before = dst.cpu() if dst.dtype != torch.int4 else None
+    torch.openreg.synchronize()
+    outcome: dict = {}
+
+    def copy() -> None:
+        try:
+            dst.copy_(src)
+            outcome["raised"] = None
+        except RuntimeError as e:
+            outcome["raised"] = str(e)
+
+    worker = threading.Thread(target=copy)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "copy_ did not return"
+    assert outcome["raised"] is not None and fragment in outcome["raised"], (
+        f"{case}: copy_ {'returned normally' if outcome['raised'] is None else 'raised ' + outcome['raised']}")
+    torch.openreg.synchronize()  # nothing deferred: must not raise
+    if before is not None:
+        assert torch.equal(dst.cpu(), before)
+    assert torch.equal((torch.ones(2, device=d) + 1).cpu(), torch.full((2,), 2.0))
+
+
+def claimed_dtypes() -> list[torch.dtype]:
+    return sorted(torch.accelerator.get_device_capability(torch.device("openreg", 0))["supported_dtypes"],
+                  key=str)
+
+
+def test_capability_claims_no_dtype_without_kernels():
+    claimed = set(claimed_dtypes())
+    sub_byte = {getattr(torch, f"{kind}{bits}") for kind in ("int", "uint") for bits in range(1, 8)}
+    quantized = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+    assert not claimed & (sub_byte | quantized), sorted(map(str, claimed & (sub_byte | quantized)))
+    assert {torch.float32, torch.float64, torch.bfloat16, torch.complex64, torch.bool} <= claimed
+
+
+@pytest.mark.parametrize("dtype", claimed_dtypes(), ids=str)
+def test_every_claimed_dtype_round_trips_contiguous_and_strided(dtype):
+    """The capability query claims a dtype only if its tensors copy to the device,
+    within it (strided, through a kernel) and back, bit for bit."""
+    itemsize = dtype.itemsize
+    host = (torch.arange(6 * 4 * itemsize, dtype=torch.int64) * 37 % 251).to(torch.uint8)
+    host = host.view(6, 4 * itemsize).view(dtype)  # (6, 4) elements of `dtype`
+    if dtype == torch.bool:
+        host = host.view(torch.uint8).remainder(2).view(torch.bool)
+    for i in range(N):
+        d = torch.device("openreg", i)
+        on_device = host.to(d)
+        strided = on_device.t().contiguous()  # a kernel on the device
+        assert on_device.dtype == dtype and strided.dtype == dtype
+        back, back_t = on_device.cpu(), strided.cpu()
+        torch.openreg.synchronize(i)
+        assert torch.equal(back.view(torch.uint8), host.view(torch.uint8))
+        assert torch.equal(back_t.view(torch.uint8), host.t().contiguous().view(torch.uint8))

@@ -36,13 +36,25 @@ c10::DeviceIndex device_count() noexcept {
   return count;
 }
 
+std::string no_devices_reason() {
+  int n = 0;
+  if (orGetDeviceCount(&n) != orSuccess) {
+    // "orGetDeviceCount: OPENREG_DEVICE_COUNT='x' is invalid: expected ..."
+    std::string message = orGetLastErrorMessage();
+    const auto colon = message.find(": ");
+    if (colon != std::string::npos) message.erase(0, colon + 2);
+    return "there are no OpenReg devices because " + message;
+  }
+  return "there are no OpenReg devices (OPENREG_DEVICE_COUNT=0)";
+}
+
 void check_device_index(c10::DeviceIndex index, const char* argument) {
   const auto count = device_count();
   TORCH_CHECK(!mutant::is("range-error-without-range") || (index >= 0 && index < count),
               "OpenReg: invalid device");
   TORCH_CHECK(count > 0, "OpenReg: ", argument, "=",
                     static_cast<int>(index),
-                    " is invalid: there are no OpenReg devices");
+                    " is invalid: ", no_devices_reason());
   TORCH_CHECK(index >= 0 && index < count, "OpenReg: ", argument, "=",
                     static_cast<int>(index),
                     " is out of range: valid device indices are [0, ",

@@ -5,11 +5,17 @@
 
 #include <c10/core/Device.h>
 
+#include <string>
+
 namespace openreg {
 
 // Number of devices; 0 (with a one-time warning) if the runtime is
 // misconfigured. Never throws.
 c10::DeviceIndex device_count() noexcept;
+
+// Why there are no devices: the runtime's configuration error (naming the
+// environment variable and its valid values) or "OPENREG_DEVICE_COUNT=0".
+std::string no_devices_reason();
 
 // Throws c10::Error (RuntimeError in Python) naming `argument`, the given index
 // and the valid range [0, device_count()).

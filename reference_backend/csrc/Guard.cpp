@@ -129,14 +129,22 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceCapability getDeviceCapability(Device device) const override {
     check_type(device);
     resolve_device_index(device.index());
-    // Tensors of every dtype can live on the device and convert, except the
-    // quantized ones (the CPU fallback cannot rebuild quantizers).
+    // A dtype is claimed when its tensors can be created on the device and
+    // copied to and from it, contiguous or strided: the device's kernels are
+    // the CPU's, so that is every dtype CPU copy_ implements. Not claimed:
+    //  * the quantized dtypes (the CPU fallback cannot rebuild quantizers);
+    //  * the sub-byte integers int1..int7 and uint1..uint7, placeholders
+    //    without any kernel (a strided copy of one fails on the CPU too).
+    // The bits and float4 dtypes are claimed: they copy (strided too), but
+    // like on the CPU they do not convert to other dtypes.
     c10::DeviceCapability capability;
-    capability.capability_data.supported_scalar_types.has_QInt8 = 0;
-    capability.capability_data.supported_scalar_types.has_QUInt8 = 0;
-    capability.capability_data.supported_scalar_types.has_QInt32 = 0;
-    capability.capability_data.supported_scalar_types.has_QUInt4x2 = 0;
-    capability.capability_data.supported_scalar_types.has_QUInt2x4 = 0;
+    auto& types = capability.capability_data.supported_scalar_types;
+    types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = 0;
+    types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
+    types.has_Int1 = types.has_Int2 = types.has_Int3 = types.has_Int4 = 0;
+    types.has_Int5 = types.has_Int6 = types.has_Int7 = 0;
+    types.has_UInt1 = types.has_UInt2 = types.has_UInt3 = types.has_UInt4 = 0;
+    types.has_UInt5 = types.has_UInt6 = types.has_UInt7 = 0;
     return capability;
   }
 

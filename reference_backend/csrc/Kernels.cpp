@@ -9,11 +9,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+
+#include <atomic>
 
 namespace openreg {
 
@@ -151,8 +155,58 @@ bool plain_layout(const at::Tensor& t) {
   return t.is_contiguous() && !t.is_conj() && !t.is_neg();
 }
 
+// Errors are raised where the copy is made, in the calling thread, never by
+// the kernel (which runs later and would surface its error at some unrelated
+// synchronization): copies are validated on the host before anything is
+// enqueued, as CUDA does.
+//
+// Shapes and memory overlap: exactly what CPU copy_ checks, through the same
+// TensorIterator configuration, built over the device tensors' metadata.
+// Nothing of their memory is read.
+void validate_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.is_same(dst)) return;
+  const bool same_data = src.is_alias_of(dst) && src.storage_offset() == dst.storage_offset() &&
+      src.strides().equals(dst.strides()) && src.sizes().equals(dst.sizes()) &&
+      src.scalar_type() == dst.scalar_type() && src.is_conj() == dst.is_conj() &&
+      src.is_neg() == dst.is_neg();
+  if (same_data) return;  // CPU copy_ returns early for these too
+  if (mutant::is("copy-validated-on-device")) return;
+  at::TensorIteratorConfig()
+      .add_output(dst)
+      .add_const_input(src)
+      .resize_outputs(false)
+      .check_all_same_dtype(false)
+      .check_all_same_device(false)
+      .build();
+}
+
+// Element conversions: the kernel runs CPU copy_ between the two dtypes, so
+// the pair is tried once on the CPU (a strided copy of a few zero bytes, the
+// kernel's own path) and the answer kept. The CPU's error is the one raised.
+void validate_conversion(c10::ScalarType from, c10::ScalarType to) {
+  constexpr int kTypes = static_cast<int>(c10::ScalarType::NumOptions);
+  static std::atomic<int8_t> known[kTypes][kTypes] = {};  // 0 unknown, 1 ok, -1 fails
+  auto& slot = known[static_cast<int>(from)][static_cast<int>(to)];
+  if (slot.load(std::memory_order_relaxed) == 1) return;
+  auto zeros = [](c10::ScalarType type) {
+    const int64_t itemsize = static_cast<int64_t>(c10::elementSize(type));
+    return at::zeros({2, 2 * itemsize}, at::kByte).view(type);
+  };
+  try {
+    const c10::impl::ExcludeDispatchKeyGuard no_autograd(
+        c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    zeros(to).t().copy_(zeros(from));
+  } catch (const c10::Error& e) {
+    slot.store(-1, std::memory_order_relaxed);
+    TORCH_CHECK(false, "OpenReg: copy_ from ", from, " to ", to, " on the device is not supported: ",
+                e.what_without_backtrace());
+  }
+  slot.store(1, std::memory_order_relaxed);
+}
+
 // Same-device copy with conversion/striding: a kernel running CPU copy_.
 void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Stream& stream) {
+  if (!mutant::is("copy-validated-on-device")) validate_conversion(src.scalar_type(), dst.scalar_type());
   launch_kernel(stream, [src = TensorRef(src), dst = TensorRef(dst)] {
     AliasBuilder builder;
     builder.alias(dst).copy_(builder.alias(src));
@@ -263,12 +317,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   TORCH_CHECK(self.defined() && dst.defined(), "OpenReg: copy_: undefined tensor");
   TORCH_CHECK(!self.is_quantized() && !dst.is_quantized(),
               "OpenReg: quantized tensors are not supported");
-  if (dst.numel() == 0) return dst;
   const bool src_device = self.device().type() == c10::DeviceType::PrivateUse1;
   const bool dst_device = dst.device().type() == c10::DeviceType::PrivateUse1;
   TORCH_CHECK((src_device || self.is_cpu()) && (dst_device || dst.is_cpu()),
               "OpenReg: copies are supported between OpenReg devices and the CPU, "
               "not from ", self.device(), " to ", dst.device());
+  validate_copy(self, dst);
+  if (dst.numel() == 0) return dst;
   if (src_device && dst_device) {
     copy_device_to_device(self, dst);
   } else if (dst_device) {

@@ -25,6 +25,7 @@ const std::vector<std::string>& known() {
       "autocast-does-not-cast",
       "availability-initializes",
       "bad-priority-crashes",
+      "copy-validated-on-device",
       "cross-device-copy-lands-on-source",
       "cross-device-copy-not-ordered",
       "current-device-process-wide",

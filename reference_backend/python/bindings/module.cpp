@@ -36,8 +36,13 @@ struct PyIndex {
   std::string text;
 };
 
-PyIndex unpack_index(const py::handle& object) {
+PyIndex unpack_index(const py::handle& object, const char* argument = "device") {
   // Accepts int and anything with __index__; anything else is a TypeError.
+  // bool has __index__ but is no device index (set_device rejects it too).
+  if (PyBool_Check(object.ptr())) {
+    throw py::type_error(std::string("OpenReg: ") + argument + " must be an int device "
+                         "index, not bool (got " + (object.ptr() == Py_True ? "True" : "False") + ")");
+  }
   const auto as_int = py::reinterpret_steal<py::object>(PyNumber_Index(object.ptr()));
   if (!as_int) throw py::error_already_set();
   int overflow = 0;
@@ -48,12 +53,12 @@ PyIndex unpack_index(const py::handle& object) {
 
 c10::DeviceIndex to_index(const py::handle& object, const char* argument,
                           bool allow_minus_one) {
-  const PyIndex index = unpack_index(object);
+  const PyIndex index = unpack_index(object, argument);
   const int64_t count = openreg::device_count();
   if (!index.overflow && allow_minus_one && index.value == -1) return -1;
   if (index.overflow || index.value < 0 || index.value >= count) {
     TORCH_CHECK(count > 0, "OpenReg: ", argument, "=", index.text,
-                " is invalid: there are no OpenReg devices");
+                " is invalid: ", openreg::no_devices_reason());
     TORCH_CHECK(false, "OpenReg: ", argument, "=", index.text,
                 " is out of range: valid device indices are [0, ", count, ")");
   }
@@ -123,6 +128,7 @@ PYBIND11_MODULE(_C, m) {
 
   // Device management. Invalid indices raise RuntimeError naming the range.
   m.def("_device_count", [] { return static_cast<int>(openreg::device_count()); });
+  m.def("_no_devices_reason", &openreg::no_devices_reason);
   m.def("_current_device", [] { return static_cast<int>(openreg::current_device()); });
   m.def("current_device", &current_device_checked,
         "Index of the current OpenReg device of the calling thread (0 in new threads).");

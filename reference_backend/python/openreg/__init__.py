@@ -198,7 +198,7 @@ def _resolve_device(device: Any) -> int:
     if not 0 <= index < count:
         raise RuntimeError(
             f"OpenReg: device={index} is out of range: valid device indices are [0, {count})"
-            if count else f"OpenReg: device={index} is invalid: there are no OpenReg devices"
+            if count else f"OpenReg: device={index} is invalid: {_C._no_devices_reason()}"
         )
     return index
 
