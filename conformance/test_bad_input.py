@@ -257,3 +257,70 @@ def test_bad_device_argument(entry: Entry, session, dt, mod, n, cxx):
         moved = {k: v for k, v in seen.items() if v != start}
         check("ER-MSG-001.6", not moved, f"the rejected {entry.name}({bad.label}) changed the current device from "
                                          f"{start}: {moved}")
+
+
+# ----------------------------------------------------------- ER-SYNC-001
+
+
+def _claimed(dt: str, dtype: torch.dtype) -> bool:
+    try:
+        return dtype in torch.accelerator.get_device_capability(torch.device(dt, 0))["supported_dtypes"]
+    except Exception:  # noqa: BLE001 - the capability query is another contract's
+        return False
+
+
+def _bad_copies(dt: str) -> list[tuple[str, str, Callable[[], torch.Tensor], Callable[[], torch.Tensor], bool]]:
+    """(clause, label, make destination, make source, must raise)."""
+    device = torch.device(dt, 0)
+    cases = [
+        ("ER-SYNC-001.1", "zeros(3).copy_(arange(4)) (float32)",
+         lambda: torch.zeros(3, device=device), lambda: torch.arange(4.0, device=device), True),
+        ("ER-SYNC-001.1", "zeros(3, 2).copy_(ones(2, 3)) (float32 from int32)",
+         lambda: torch.zeros(3, 2, device=device),
+         lambda: torch.ones(2, 3, dtype=torch.int32, device=device), True),
+        ("ER-SYNC-001.1", "zeros(4, 4).t().copy_(arange(5)) (strided, float32)",
+         lambda: torch.zeros(4, 4, device=device).t(), lambda: torch.arange(5.0, device=device), True),
+        ("ER-SYNC-001.2", "zeros(1).expand(3).copy_(arange(3)) (elements share memory)",
+         lambda: torch.zeros(1, device=device).expand(3), lambda: torch.arange(3.0, device=device), False),
+    ]
+    if _claimed(dt, torch.bits8):
+        cases.append(("ER-SYNC-001.2", "zeros(4).copy_(bits8 tensor) (no conversion exists)",
+                      lambda: torch.zeros(4, device=device),
+                      lambda: torch.zeros(4, dtype=torch.uint8).view(torch.bits8).to(device), False))
+    return cases
+
+
+# decides ER-SYNC-001.1 ER-SYNC-001.2 ER-SYNC-001.3
+@contract("ER-SYNC-001")
+def test_bad_copy_raises_at_the_call(dt, n):
+    for clause, label, make_dst, make_src, required in _bad_copies(dt):
+        dst = must(make_dst, f"creating the destination of {label}")
+        src = must(make_src, f"creating the source of {label}")
+        must(lambda: torch.accelerator.synchronize(0), "torch.accelerator.synchronize(0) before the copy")
+        before = must(lambda: dst.cpu(), "reading the destination back")
+        raised = None
+        try:
+            dst.copy_(src)
+        except Exception as e:  # noqa: BLE001 - raising at the call is what clause 1 asks
+            raised = e
+        if required:
+            check(clause, isinstance(raised, RuntimeError),
+                  lambda: f"{label} {'returned normally' if raised is None else f'raised {type(raised).__name__}'}"
+                          ": a copy whose source does not broadcast to its destination must raise RuntimeError "
+                          "at the call")
+        deferred = None
+        try:
+            torch.accelerator.synchronize(0)
+        except Exception as e:  # noqa: BLE001 - any error here is the one deferred
+            deferred = e
+        check("ER-SYNC-001.2" if not required else clause, deferred is None,
+              lambda: f"{label} {'raised at the call, but' if raised else 'returned normally and'} the next "
+                      f"torch.accelerator.synchronize(0) raised {type(deferred).__name__}: {deferred}")
+        if raised is not None:
+            after = must(lambda: dst.cpu(), f"reading the destination back after the rejected {label}")
+            check(clause, torch.equal(after, before), f"the rejected {label} changed its destination")
+        with scope("ER-SYNC-001.3"):
+            result = must(lambda: (torch.ones(2, device=torch.device(dt, 0)) + 1).cpu(),
+                          f"computing on device 0 after {label}")
+            check("ER-SYNC-001.3", torch.equal(result, torch.full((2,), 2.0)),
+                  f"after {label} the device computed {result.tolist()} for ones(2) + 1")

@@ -109,10 +109,20 @@ def _read_end(path: str, size: int) -> str:
         return ""
 
 
+_FATAL_ERROR = re.compile(r"^Fatal Python error: [^\n]*$", re.MULTILINE)
+
+
 def _tail(path: str) -> str:
     text = _read_end(path, 64 * OUTPUT_TAIL)  # room for a shortened module list
     text = _EXTENSION_LIST.sub(lambda m: m.group(1) + "[list omitted] " + (m.group(2) or ""), text)
-    return text[-OUTPUT_TAIL:]
+    tail = text[-OUTPUT_TAIL:]
+    # A crash dump of many threads can be longer than the tail: keep its
+    # first line (what the signal was), which says what happened.
+    fatal = list(_FATAL_ERROR.finditer(text))
+    if fatal and fatal[-1].start() < len(text) - len(tail):
+        omitted = len(text) - len(tail) - fatal[-1].end()
+        tail = f"{fatal[-1].group(0)}\n[... {omitted} characters of the crash dump omitted ...]\n{tail}"
+    return tail
 
 
 _THREAD_BLOCK = re.compile(r"^Current thread (0x[0-9a-f]+)[^\n]*\n((?:  .*\n?)*)", re.MULTILINE)

@@ -268,6 +268,24 @@ def test_crash_output_tail_keeps_the_traceback_not_the_extension_list(tmp_path):
     assert "Extension modules: [list omitted] (total: 2000)" in tail
 
 
+def test_crash_output_tail_keeps_the_fatal_error_line_of_a_long_dump(tmp_path):
+    """With many threads the dump is longer than the kept tail; its first line
+    (which signal) stays, with a note of what was left out."""
+    from privateuse1_conformance.harness import isolation
+
+    threads = "".join(f"Thread 0x{i:012x} (most recent call first):\n"
+                      + "".join(f'  File "worker.py", line {k} in step\n' for k in range(40)) + "\n"
+                      for i in range(30))
+    output = tmp_path / "child.out"
+    output.write_text("Fatal Python error: Segmentation fault\n\n" + threads +
+                      'Current thread 0x00007f0000000001 (most recent call first):\n'
+                      '  File "conformance/test_hooks.py", line 12 in test_crash\n')
+    tail = isolation._tail(str(output))
+    assert tail.startswith("Fatal Python error: Segmentation fault\n[... ")
+    assert "characters of the crash dump omitted ...]" in tail and tail.rstrip().endswith("in test_crash")
+    assert len(tail) < isolation.OUTPUT_TAIL + 200
+
+
 def test_guard_contracts_with_more_devices_than_the_cases_loop_over(tmp_path):
     """The C++ guard cases loop over at most 4 devices but single the last
     one out: with 6 devices they must still track it (a suite bug once
