@@ -235,3 +235,44 @@ print(torch.openreg.memory_reserved() >= 0)
     returncode, stdout, stderr = run_python(code, timeout=60)
     assert returncode == 0, stderr
     assert stdout.strip().endswith("True")
+
+
+def test_allocation_while_another_thread_releases_the_cache_waits_instead_of_failing():
+    """Thread B runs out of memory and releases the cache, which waits for the
+    device (held by a gate). Thread C, out of memory too, must wait for those
+    blocks to reach the runtime, not find the cache empty and raise
+    OutOfMemoryError with memory about to be free (found by the stress run)."""
+    code = """
+import threading, time, torch, openreg
+MiB = 1 << 20
+stats = lambda: torch.openreg.memory_stats(0)
+sa, sb, sc, held = [torch.openreg.Stream() for _ in range(4)]
+with torch.openreg.stream(sa):
+    xs = [torch.empty(2 * MiB, dtype=torch.uint8, device="openreg") for _ in range(4)]
+    del xs                                      # 8 MiB cached for sa: the device is full
+gate = openreg._C._testing_block_stream(held)   # the device has work that does not finish
+results = {}
+def allocate(name, stream):
+    try:
+        with torch.openreg.stream(stream):
+            torch.empty(2 * MiB, dtype=torch.uint8, device="openreg")
+        results[name] = "ok"
+    except Exception as e:
+        results[name] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+syncs = stats()["num_sync_all_streams"]
+b = threading.Thread(target=allocate, args=("B", sb), daemon=True)
+b.start()
+deadline = time.monotonic() + 30
+while stats()["num_sync_all_streams"] == syncs and time.monotonic() < deadline:
+    time.sleep(0.01)                            # until B's release waits for the device
+c = threading.Thread(target=allocate, args=("C", sc), daemon=True)
+c.start()
+c.join(1.0)
+during = results.get("C", "waiting")
+openreg._C._testing_open_gate(gate)
+b.join(30); c.join(30)
+emit({"during": during, "B": results.get("B"), "C": results.get("C"), "ooms": stats()["num_ooms"]})
+"""
+    r = run_json(code, env={"OPENREG_DEVICE_MEMORY": "8M", "OPENREG_DEVICE_COUNT": "1"}, timeout=120)
+    assert r["during"] == "waiting", f"C did not wait for B's release of the cache: {r}"
+    assert r["B"] == "ok" and r["C"] == "ok" and r["ooms"] == 0, r

@@ -48,6 +48,12 @@ struct Block {
 // Per-device state. Guarded by `mutex`.
 struct DeviceCache {
   std::mutex mutex;
+  // Held for a whole release_cache, device wait included. A thread out of
+  // memory while another releases the cache waits here for those blocks to
+  // reach the runtime, instead of finding the cache empty, retrying at once
+  // and failing with memory that is about to be free (CUDA's allocator holds
+  // its lock through the release for the same reason).
+  std::mutex release_mutex;
   std::unordered_map<void*, Block*> active;
   // (stream id, size class) -> cached blocks
   std::map<std::pair<c10::StreamId, size_t>, std::vector<Block*>> cached;
@@ -326,6 +332,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   // lock is held only around bookkeeping, never while waiting: a worker
   // finishing work may need to free blocks of this device meanwhile.
   static void release_cache(DeviceCache& cache, int device) {
+    const std::lock_guard<std::mutex> releasing(cache.release_mutex);
     std::vector<Block*> released;
     std::vector<std::pair<Block*, std::vector<orEvent_t>>> pending;
     {
