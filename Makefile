@@ -10,7 +10,7 @@ REPORT_DIR ?= conformance-report
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 
-.PHONY: conformance test benchmarks build setup system-packages
+.PHONY: conformance test benchmarks build setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -18,10 +18,43 @@ conformance: build
 	$(PYTHON) -m openreg
 	$(VENV)/bin/privateuse1-conformance run --backend openreg --report-dir $(REPORT_DIR)
 
-## All of the project's tests: the runtime's GoogleTest suite and pytest.
+## All of the project's tests: the runtime's GoogleTest suite (plain, under
+## ASan+UBSan and under TSan), a short fuzzing run of the runtime, and pytest.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
+	$(MAKE) --no-print-directory sanitizers fuzz-smoke
 	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q
+
+# Sanitizer builds of the runtime (plain C++, no torch): each a standalone
+# CMake build of reference_backend/runtime and its GoogleTest suite.
+SANITIZER_BUILDS := asan=address,undefined tsan=thread
+CCACHE := $(shell command -v ccache 2>/dev/null)
+
+## The runtime's GoogleTest suite under ASan+UBSan and under TSan.
+sanitizers: setup
+	@set -e; for spec in $(SANITIZER_BUILDS); do \
+	  dir=build/sanitize-$${spec%%=*}; \
+	  echo "== runtime tests under -fsanitize=$${spec#*=} ($$dir)"; \
+	  cmake -S reference_backend/runtime -B $$dir -G Ninja -Wno-dev \
+	    -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DOPENREG_SANITIZE=$${spec#*=} $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE)) >/dev/null; \
+	  cmake --build $$dir; \
+	  ctest --test-dir $$dir --output-on-failure; \
+	done
+
+## Fuzzing the runtime's C API (libFuzzer, ASan+UBSan): a short run on the
+## committed corpus in `make test`, a long one here (FUZZ_SECONDS).
+FUZZ_SECONDS ?= 600
+fuzz: system-packages
+	reference_backend/runtime/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-smoke: system-packages
+	reference_backend/runtime/fuzz/run_fuzz.sh 30
+
+## A long multi-threaded stress run of OpenReg through PyTorch, every result checked.
+STRESS_SECONDS ?= 120
+stress: build
+	$(PYTHON) benchmarks/stress.py --seconds $(STRESS_SECONDS)
 
 ## All benchmarks: a table of ratios against the targets, and benchmarks/results.json.
 benchmarks: build
@@ -41,8 +74,9 @@ $(VENV)/.pip-stamp: pyproject.toml Makefile
 	touch $@
 
 # GoogleTest and CMake build the C++ parts (Google Benchmark the C++
-# benchmarks); chromium checks the HTML report in a real (headless) browser.
-SYSTEM_PACKAGES := libgtest-dev libbenchmark-dev cmake g++ chromium
+# benchmarks); clang's libFuzzer fuzzes the runtime; chromium checks the HTML
+# report in a real (headless) browser.
+SYSTEM_PACKAGES := libgtest-dev libbenchmark-dev cmake g++ clang-14 libclang-rt-14-dev chromium
 
 system-packages:
 	@if ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \

@@ -183,8 +183,8 @@ const char* kind_name(orMemcpyKind kind) {
     case orMemcpyHostToDevice: return "HostToDevice";
     case orMemcpyDeviceToHost: return "DeviceToHost";
     case orMemcpyDeviceToDevice: return "DeviceToDevice";
+    default: return "?";
   }
-  return "?";
 }
 
 // Checks that [ptr, ptr+count) is inside one live allocation of some device.
@@ -250,6 +250,8 @@ orError_t check_copy(const char* call, void* dst, const void* src, size_t count,
       if (orError_t e = check_device_range(call, "src", src, count, &src_dev)) return e;
       *stream_device = dst_dev->index;  // either side may run a peer copy
       return orSuccess;
+    default:
+      break;  // unreachable: the kind was checked above
   }
   return orSuccess;  // unreachable: the kind was checked above
 }

@@ -98,6 +98,12 @@ typedef enum orMemcpyKind {
   orMemcpyHostToDevice = 1,
   orMemcpyDeviceToHost = 2,
   orMemcpyDeviceToDevice = 3,
+  // Not kinds: they make every int a value of the type, so that a caller's
+  // bad kind is rejected by the range check (orErrorInvalidValue) instead of
+  // being undefined behaviour in C++, where an enum without a fixed
+  // underlying type only holds the values of its enumerators' bit width.
+  orMemcpyKindMin_ = -0x7fffffff - 1,
+  orMemcpyKindMax_ = 0x7fffffff,
 } orMemcpyKind;
 
 // Allocate on the current device. size 0 yields nullptr and succeeds.
