@@ -164,6 +164,11 @@ def _contracts(args: argparse.Namespace) -> int:
     registry = registry_mod.load(args.registry or registry_mod.default_path())
     contracts = registry.up_to(args.level) if args.level else registry.active()
     if args.area:
+        areas = sorted({c.area for c in registry.active()})
+        if args.area not in areas:
+            print(f"privateuse1-conformance contracts: error: unknown area {args.area!r}; the areas are: "
+                  f"{', '.join(areas)}", file=sys.stderr)
+            return 2
         contracts = [c for c in contracts if c.area == args.area]
     if args.format == "json":
         print(json.dumps([c.__dict__ for c in contracts], indent=2, default=list))
@@ -259,16 +264,32 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("privateuse1-conformance")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source checkout)
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privateuse1-conformance",
                                      description="Conformance kit for PyTorch PrivateUse1 backends")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the conformance suite against a backend")
     run.add_argument("--backend", required=True, help="registered profile name or importable module")
-    run.add_argument("--level", choices=registry_mod.LEVELS)
-    run.add_argument("--manifest")
-    run.add_argument("--expectations")
+    run.add_argument("--level", choices=registry_mod.LEVELS,
+                     help="run contracts up to this level (default: the level the manifest claims, "
+                          "else full)")
+    run.add_argument("--manifest", metavar="TOML",
+                     help="the backend's manifest TOML: name, claimed level, optional features it "
+                          "does not claim (overrides the backend profile's; docs/vendor-guide.md)")
+    run.add_argument("--expectations", metavar="TOML",
+                     help="expectations TOML: known failures by contract ID, reported as expected "
+                          "(overrides the manifest's; docs/vendor-guide.md)")
     run.add_argument("--report-dir", help=f"where to write the reports (default: {DEFAULT_REPORT_DIR}; "
                                           "none with --contract or --test unless given)")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before a test counts as hung")
@@ -305,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     contracts = commands.add_parser("contracts", help="list the contract registry")
     contracts.add_argument("--level", choices=registry_mod.LEVELS, help="up to this level")
-    contracts.add_argument("--area")
+    contracts.add_argument("--area", help="only this area's contracts (an unknown area is an error)")
     contracts.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     contracts.add_argument("--registry", help=argparse.SUPPRESS)
     contracts.set_defaults(handler=_contracts)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from kit_support import REPO, run_pytest
+
 from privateuse1_conformance.harness import cli
 from privateuse1_conformance.harness import registry as registry_mod
 
@@ -88,3 +90,19 @@ def test_clause_mentions_are_attributed_to_their_functions(tmp_path):
                      "DM-GET-001.2": ["test_x.py::unused"],    # no test reaches it: the helper itself
                      "DM-CTX-001.1": ["test_x.py::test_b"],
                      "GD-DEV-001.1": ["c.cpp::GD_DEV_001.Case"]}
+
+
+def test_cli_version_help_and_unknown_area(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("privateuse1-conformance ")
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    for option in ("--level", "--manifest", "--expectations"):
+        described = help_text.split(option, 2)[-1].split("\n  -", 1)[0]
+        assert len(described.split()) > 3, f"run --help has no text for {option}"
+    assert cli.main(["contracts", "--area", "no-such-area"]) == 2
+    assert "unknown area 'no-such-area'" in capsys.readouterr().err
+    assert cli.main(["contracts", "--area", "bad-input"]) == 0
+    assert "ER-MSG-001" in capsys.readouterr().out
