@@ -35,12 +35,18 @@ def _element(parent: ET.Element, tag: str, text: str = "", **attributes: str) ->
     return element
 
 
-def _testcase(suite: ET.Element, area: str, test: dict[str, Any]) -> ET.Element:
+def _testcase(suite: ET.Element, area: str, test: dict[str, Any],
+              contracts: dict[str, dict[str, Any]] | None = None) -> ET.Element:
     case = _element(suite, "testcase", classname=f"{area}.{'+'.join(test['contracts'])}",
                     name=test["nodeid"], time=_seconds(test["duration_ms"]))
     verdict = test["verdict"]
     message = truncate(f"{verdict}: {test['message']}" if test["message"] else verdict, MESSAGE_LIMIT)
-    body = "\n\n".join(part for part in (test["message"], test["details"]) if part)
+    # What the failure is evidence against: the contract's statement and the
+    # PyTorch doc or header that defines it.
+    charged = (contracts or {}).get(test.get("charged") or test["contracts"][0])
+    contract = (f"{charged['id']}: {charged['statement']}\nSource: {charged['source']}"
+                if charged and verdict in FAILING else "")
+    body = "\n\n".join(part for part in (test["message"], contract, test["details"]) if part)
     if verdict == "fail":
         _element(case, "failure", body, message=message, type=verdict)
     elif verdict in ERRORS:
@@ -77,7 +83,7 @@ def render(document: dict[str, Any]) -> str:
 
     def _count(suite: ET.Element, test: dict[str, Any]) -> None:
         area = suite.get("name", "")
-        _testcase(suite, area, test)
+        _testcase(suite, area, test, by_id)
         verdict = test["verdict"]
         counts[area]["tests"] += 1
         counts[area]["failures"] += verdict == "fail"
@@ -100,6 +106,7 @@ def render(document: dict[str, Any]) -> str:
     # verdict, the message naming the contract that verdict belongs to.
     tests: dict[str, dict[str, Any]] = {}
     areas = {c["id"]: c["area"] for c in document["contracts"]}
+    by_id = {c["id"]: c for c in document["contracts"]}
     for contract in document["contracts"]:
         for test in contract["tests"]:
             known = tests.get(test["nodeid"])

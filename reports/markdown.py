@@ -2,9 +2,12 @@
 65,536 characters) or a CI step summary ($GITHUB_STEP_SUMMARY).
 
 Backend-derived text goes only into escaped table cells and paragraphs
-(every ASCII punctuation character backslash-escaped: no links, emphasis,
-raw HTML or extra table columns), into fenced code blocks whose fence is
-longer than any backtick run inside, or HTML-escaped into <summary>.
+(the characters that can start Markdown or HTML syntax inside a line are
+backslash-escaped, and so is one that would start a block at the beginning
+of a line: no links, emphasis, raw HTML, math or extra table columns, while
+'DM-SET-001: 47%' stays as it is written), into fenced code blocks whose
+fence is longer than any backtick run inside, or HTML-escaped into <summary>.
+IDs are never cut: a long list of them is shortened by whole IDs.
 """
 
 from __future__ import annotations
@@ -14,18 +17,38 @@ import re
 from typing import Any
 
 from .text import (FAILING, VERDICT_ORDER, failing_contracts, one_line, printable, provenance_rows, satisfied_percent,
-                   title, truncate, unsatisfied_of_level)
+                   source_links, title, truncate, unsatisfied_of_level)
 
 BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a header
-# How much of each failure to show, tried in order until the summary fits.
-DETAIL_LIMITS = (3000, 800, 0)
-_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+# The most of each failure's details to show; shortened step by step (every
+# detail alike) until the summary fits, and dropped only below the last.
+DETAIL_LIMITS = (3000, 2000, 1400, 1000, 700, 500, 350, 250, 180, 120)
+# Inside a line: escapes, code spans, emphasis, links and images, raw HTML and
+# entities, table cells, strikethrough, math.
+_INLINE = re.compile(r"([\\`*_\[\]<>|~$&])")
+# At the start of a line: headings, block quotes, list items, thematic breaks.
+_LINE_START = re.compile(r"^(\s*)(?:([#>+=-])|(\d+)([.)]))")
 _BACKTICKS = re.compile("`+")
+MAX_IDS = 25  # a list of contract IDs longer than this is shortened by whole IDs
 
 
 def escape(text: str, limit: int = 200) -> str:
     """One line of backend-derived text, inert in a paragraph or a table cell."""
-    return _PUNCTUATION.sub(r"\\\1", one_line(text, limit))
+    line = _INLINE.sub(r"\\\1", one_line(text, limit))
+    return _LINE_START.sub(_escape_line_start, line, count=1)
+
+
+def _escape_line_start(match: re.Match) -> str:
+    if match.group(2):  # '# x', '> x', '- x', '+ x', '=' (setext)
+        return match.group(1) + "\\" + match.group(2)
+    return match.group(1) + match.group(3) + "\\" + match.group(4)  # '1. x', '1) x'
+
+
+def id_list(ids: list[str], limit: int = MAX_IDS) -> str:
+    """Escaped, comma-separated IDs (or names), never cut inside one."""
+    shown = [escape(i, 500) for i in ids[:limit]]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ", ".join(shown) + more
 
 
 def fenced(text: str, info: str = "") -> str:
@@ -79,20 +102,31 @@ def _overview(document: dict[str, Any]) -> list[str]:
     lines += ["", *table(["area", "contracts", "satisfied", *columns], rows)]
     level_rows = [
         [level["level"], str(level["contracts"]), str(level["satisfied"]), "yes" if level["reached"] else "no",
-         escape(", ".join(unsatisfied_of_level(document, level["level"])), 300) or "—"]
+         id_list(unsatisfied_of_level(document, level["level"]), 12) or "—"]
         for level in summary["levels"] if level["contracts"]
     ]
     lines += ["", *table(["level", "contracts", "satisfied", "reached", "not satisfied"], level_rows)]
     return lines
 
 
-def _failure(contract: dict[str, Any], detail_limit: int) -> list[str]:
+def _source(contract: dict[str, Any], torch_version: str | None) -> list[str]:
+    source = contract.get("source") or ""
+    if not source:
+        return []
+    links = source_links(source, torch_version)
+    linked = "".join(f" · [{escape(path)}]({url})" for path, url in links)
+    return [f"Source: {escape(source, 400)}{linked}", ""]
+
+
+def _failure(contract: dict[str, Any], detail_limit: int, torch_version: str | None = None) -> list[str]:
     lines = [f"#### {contract['id']}: {contract['verdict']} ({escape(contract['area'])}, {contract['level']})",
-             "", escape(contract["statement"], 400), ""]
+             "", escape(contract["statement"], 600), "", *_source(contract, torch_version)]
     if contract["unclaimed_features"]:
         lines += [f"Not claimed: {escape(', '.join(contract['unclaimed_features']))}", ""]
     if contract["message"]:
-        lines += [fenced(truncate(contract["message"], max(detail_limit, 400))), ""]
+        # With per-test details the message is shortened like them; without,
+        # it is all the evidence shown, so it keeps more.
+        lines += [fenced(truncate(contract["message"], detail_limit or 400)), ""]
     if contract["rerun"]:
         lines += ["Rerun this contract:", "", fenced(contract["rerun"], "sh"), ""]
     if detail_limit:
@@ -110,7 +144,7 @@ def _lists(document: dict[str, Any]) -> list[str]:
     causes = summary.get("root_causes", [])  # (format 2)
     if causes:
         lines += ["", "**Shared root causes** (one underlying error behind several failing tests):", ""]
-        lines += [f"- {group['verdict']}, {len(group['tests'])} tests ({escape(', '.join(group['contracts']), 300)}): "
+        lines += [f"- {group['verdict']}, {len(group['tests'])} tests ({id_list(group['contracts'], 12)}): "
                   f"{escape(group['cause'], 300)}" for group in causes[:20]]
         if len(causes) > 20:
             lines.append(f"- and {len(causes) - 20} more (see report.json)")
@@ -118,7 +152,7 @@ def _lists(document: dict[str, Any]) -> list[str]:
                        ("uncovered", "Contracts without any test"),
                        ("unclaimed_features", "Features the backend does not claim")):
         if summary[key]:
-            lines += ["", f"**{label}:** {escape(', '.join(summary[key]), 2000)}"]
+            lines += ["", f"**{label}:** {id_list(summary[key], 60)}"]
     for warning in document["provenance"]["warnings"]:
         lines += ["", f"**Warning:** {escape(warning, 500)}"]
     return lines
@@ -134,19 +168,21 @@ def render(document: dict[str, Any], budget: int = BUDGET) -> str:
     head = _overview(document) + _lists(document)
     tail = _provenance(document)
     failures = failing_contracts(document)
+    torch_version = document["provenance"].get("torch_version")
 
     def build(shown: list[dict[str, Any]], detail_limit: int) -> str:
         body = []
         if failures:
             body = ["", f"### Not satisfied ({len(failures)})", ""]
             for contract in shown:
-                body += _failure(contract, detail_limit)
+                body += _failure(contract, detail_limit, torch_version)
             if len(shown) < len(failures):
                 body += [f"… and {len(failures) - len(shown)} more: see report.html or report.json.", ""]
         return "\n".join(head + body + tail) + "\n"
 
-    # Shorter details first, then fewer failures, until the summary fits.
-    for detail_limit in DETAIL_LIMITS:
+    # Every detail shorter, step by step; then without per-test details; then
+    # fewer failures, until the summary fits.
+    for detail_limit in (*DETAIL_LIMITS, 0):
         text = build(failures, detail_limit)
         if len(text) <= budget:
             return text

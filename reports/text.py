@@ -104,3 +104,24 @@ def provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
             value = json.dumps(value, ensure_ascii=False, sort_keys=True) if value else "—"
         rows.append((key, str(value)))
     return rows
+
+
+# Paths in a contract's `source` that name a file of PyTorch's repository
+# (docs pages, headers, sources); an installed header may be cited from
+# torch/include.
+_SOURCE_PATH = re.compile(r"(?<![\w/.-])(?:torch/include/)?((?:docs|aten|c10|torch|caffe2)/[\w./-]+?\.(?:md|rst|h|hpp|cpp|cu|py))\b")
+
+
+def source_links(source: str, torch_version: str | None) -> list[tuple[str, str]]:
+    """(path, URL) of every PyTorch repository file `source` names, linked to
+    the tag of the torch version the report was made with (main when the
+    version has no release tag)."""
+    match = re.match(r"(\d+\.\d+\.\d+)(?:[+a-z]|$)", torch_version or "")
+    ref = f"v{match.group(1)}" if match and "+git" not in (torch_version or "") else "main"
+    links, seen = [], set()
+    for found in _SOURCE_PATH.finditer(source):
+        path = found.group(1)
+        if path not in seen:
+            seen.add(path)
+            links.append((path, f"https://github.com/pytorch/pytorch/blob/{ref}/{path}"))
+    return links

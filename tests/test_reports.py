@@ -265,7 +265,8 @@ def _check_markdown(text: str) -> None:
             continue
         outside.append(line)
     assert fence is None, "a fenced block was left open"
-    prose = "\n".join(outside)
+    # Our own links: the sources of contracts, to PyTorch's repository.
+    prose = re.sub(r"\]\(https://github\.com/pytorch/pytorch/blob/[\w.]+/[\w./-]+\)", "]", "\n".join(outside))
     for raw in ("<script", "<img", "<!--", "](", "![", "**bold**", "`tick`"):
         assert not re.search(r"(?<!\\)" + re.escape(raw), _OWN_TAGS.sub("", prose)), \
             f"unescaped {raw!r} in Markdown prose"
@@ -541,3 +542,100 @@ def test_html_page_in_a_headless_browser(tmp_path):
     failures = _RowCollector()
     failures.feed(_dump_dom(page.as_uri() + "#verdict=failures", tmp_path / "profile"))
     assert sorted(v for v, hidden in failures.rows if not hidden) == ["crash", "error", "fail", "hang"]
+
+
+# ------------------------------------------------- Markdown, as rendered
+
+MARKDOWN_HOSTILE = ("<script>alert(1)</script> **bold** _em_ [link](http://evil.example) ![img](x.png) | cell | "
+           "$x^2$ ~~gone~~ `tick` &amp; <b>raw</b>")
+
+
+def _rendered(text: str):
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    return md, md.parse(text)
+
+
+def _walk(tokens):
+    for token in tokens:
+        yield token
+        yield from _walk(token.children or [])
+
+
+def test_markdown_renders_cleanly_with_a_commonmark_renderer():
+    """Hostile backend text in every field renders as text: no links but our
+    sources', no images, no HTML but our <details>, no emphasis or math, and
+    every table row has its header's columns."""
+    document = json_report.to_document(make_run(text=MARKDOWN_HOSTILE))
+    for contract in document["contracts"]:
+        contract["source"] = "docs/source/accelerator/device.md; " + MARKDOWN_HOSTILE
+    text = markdown.render(document)
+    md, tokens = _rendered(text)
+    assert "image" not in {t.type for t in _walk(tokens)}
+    links = [t.attrGet("href") for t in _walk(tokens) if t.type == "link_open"]
+    assert links and all(h.startswith("https://github.com/pytorch/pytorch/blob/") for h in links), links
+    html_bits = {t.content.strip() for t in _walk(tokens) if t.type in ("html_inline", "html_block")}
+    allowed = re.compile(r"^(<details><summary>[^<]*</summary>|</details>)$")
+    assert all(allowed.match(bit) for bit in html_bits), html_bits
+    widths, current = [], None
+    for token in tokens:
+        if token.type == "tr_open":
+            current = 0
+        elif token.type in ("th_open", "td_open"):
+            current += 1
+        elif token.type == "tr_close":
+            widths.append(current)
+        elif token.type == "table_close":
+            assert len(set(widths)) == 1, f"table rows of different widths {widths}"
+            widths = []
+    rendered = md.render(text)
+    assert "<script>" not in rendered and "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
+    assert "**bold**" in rendered and "$x^2$" in rendered and "| cell |" in rendered and "~~gone~~" in rendered
+    for applied in ("<strong>bold</strong>", "<em>em</em>", "<s>gone</s>", "<b>raw</b>", "<code>tick</code>"):
+        assert applied not in rendered, f"backend text became markup: {applied}"
+
+
+def test_markdown_escapes_only_what_markdown_needs():
+    for plain in ("openreg: no level 47%", "DM-ACC-001", "torch 2.13.0+cpu (a, b); x/y = z?", "a - b"):
+        assert markdown.escape(plain) == plain
+    assert markdown.escape("1. first") == "1\\. first" and markdown.escape("# title") == "\\# title"
+    assert markdown.escape("a|b") == "a\\|b" and markdown.escape("<b>") == "\\<b\\>"
+
+
+def test_markdown_never_cuts_an_id_and_shortens_each_detail_before_dropping_any():
+    """Many failures with long details: every failure keeps a shortened
+    detail, no ID is cut, and the text fits the budget."""
+    many = [(f"DM-X{i:03d}-001", "device-management", "core", [], [V.FAIL], []) for i in range(60)]
+    document = json_report.to_document(make_run(many, text="y" * 4000))
+    text = markdown.render(document)
+    assert len(text) <= markdown.BUDGET
+    assert text.count("<details><summary>fail:") == 60, "a per-test detail was dropped while others were kept"
+    ids = set(re.findall(r"DM-X\d{3}-\d{3}", text))
+    assert len(ids) == 60
+    assert not re.search(r"DM-X\d{0,3}-?\d{0,2}\u2026", text), "an ID was cut"
+    assert "and 48 more" in text  # the level table lists 12 whole IDs and counts the rest
+
+
+def test_markdown_shows_each_failures_statement_and_source_with_a_link():
+    document = json_report.to_document(make_run())
+    failing = [c for c in document["contracts"] if not c["satisfied"]]
+    for contract in failing:
+        contract["source"] = "docs/source/notes/cuda.rst (streams); c10/core/DeviceGuard.h"
+    text = markdown.render(document)
+    for contract in failing:
+        assert f"Statement of {contract['id']}." in text
+    version = document["provenance"]["torch_version"]
+    assert "Source: docs/source/notes/cuda.rst (streams); c10/core/DeviceGuard.h" in text
+    assert "(https://github.com/pytorch/pytorch/blob/" in text and "/c10/core/DeviceGuard.h)" in text, version
+
+
+def test_junit_and_html_show_each_failures_statement_and_source():
+    document = json_report.to_document(make_run())
+    root = ET.fromstring(junit.render(document).encode("utf-8"))
+    failures = [c.find("failure") for c in root.iter("testcase") if c.find("failure") is not None]
+    assert failures
+    for failure in failures:
+        assert "Statement of " in failure.text and "Source: torch.docs" in failure.text
+    page = html_report.render(document)
+    assert page.count("source: torch.docs") == len([c for c in document["contracts"] if not c["satisfied"]])
