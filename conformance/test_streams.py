@@ -12,6 +12,8 @@ deterministically with a gate.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -387,6 +389,10 @@ def test_synchronize_names_the_device(how, dt, n, cxx, backend):
 # ------------------------------------------------------------ cross-stream order
 
 
+# How long a consumer may take to (wrongly) finish while its producer is held.
+CONSUMER_GRACE_S = 1.0
+
+
 def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current: bool, clause: str, what: str) -> None:
     """The producer writes a target behind held work; the consumer waits (by
     `make_consumer_wait`) and copies it. While the producer is held the
@@ -405,6 +411,16 @@ def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current
             with consumer:
                 consumed.copy_(produced)
             consumer_done = consumer.query()
+            if held.held:
+                # The producer is certainly held: give a consumer that does not
+                # wait the time to finish (its worker may not have run yet on a
+                # busy machine), so that a missing wait shows here, not only
+                # in a race after the hold ends. Bounded: a correct consumer
+                # never finishes while the producer is held.
+                deadline = time.monotonic() + CONSUMER_GRACE_S
+                while not consumer_done and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    consumer_done = consumer.query()
             conclusive = held.held or not producer.query()
             still_held = held.held
         if still_held:
