@@ -30,6 +30,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import re
+import threading
 from dataclasses import dataclass
 
 WINDOWS_PER_LIMIT = 4        # the progress window: a quarter of the time limit
@@ -47,10 +48,21 @@ _dump_file = None  # open for the life of the test process: faulthandler writes 
 
 
 def start_stack_dumps(path: str, timeout: float) -> None:
-    """Test process side: dump every thread's stack to `path` twice per window."""
+    """Test process side: from one window before the time limit (the first
+    window a hang can be judged on), dump every thread's stack to `path`
+    twice per window. Not earlier: a test well within its limit needs no
+    account of where it was, and faulthandler's watchdog reads other
+    threads' frames without the GIL, which is best done as rarely as
+    possible."""
     global _dump_file
     _dump_file = open(path, "w")
-    faulthandler.dump_traceback_later(window(timeout) / 2, repeat=True, file=_dump_file)
+
+    def start() -> None:
+        faulthandler.dump_traceback_later(window(timeout) / 2, repeat=True, file=_dump_file)
+
+    timer = threading.Timer(max(0.0, timeout - window(timeout)), start)
+    timer.daemon = True
+    timer.start()
 
 
 def _stat(pid: int) -> list[str] | None:

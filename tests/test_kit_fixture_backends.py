@@ -82,7 +82,8 @@ def test_faulty_backend_crash_and_hang_cost_only_their_contracts(faulty_run, reg
     assert set(verdicts) == {c.id for c in registry.active()}
     crashed = {c for c, v in verdicts.items() if v == "crash"}
     hung = {c for c, v in verdicts.items() if v == "hang"}
-    assert crashed == CALLS_GET_DEVICE_FROM_PTR, crashed
+    assert crashed == CALLS_GET_DEVICE_FROM_PTR, {
+        c["id"]: c["message"][:2000] for c in faulty_run.report["contracts"] if c["id"] in crashed}
     assert {"HK-PIN-001", "HK-PIN-002"} <= hung <= CALLS_IS_PINNED_PTR, hung
     for test in faulty_run.contract("HK-PTR-001")["tests"]:
         if test["verdict"] == "crash":  # (HK-INIT-001's test reaches getDeviceFromPtr too: charged here)
