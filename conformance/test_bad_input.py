@@ -304,10 +304,10 @@ def test_bad_copy_raises_at_the_call(dt, n):
         except Exception as e:  # noqa: BLE001 - raising at the call is what clause 1 asks
             raised = e
         if required:
-            check(clause, isinstance(raised, RuntimeError),
+            check(clause, isinstance(raised, ACCEPTED),
                   lambda: f"{label} {'returned normally' if raised is None else f'raised {type(raised).__name__}'}"
-                          ": a copy whose source does not broadcast to its destination must raise RuntimeError "
-                          "at the call")
+                          ": a copy whose source does not broadcast to its destination must raise RuntimeError, "
+                          "ValueError, TypeError or IndexError at the call")
         deferred = None
         try:
             torch.accelerator.synchronize(0)
