@@ -19,16 +19,22 @@ seconds.
 
 import os
 import random
+import re
 
-OPS = [
-    "MALLOC", "FREE", "H2D", "D2H", "D2D", "MEMSET", "KERNEL_WRITE",
-    "KERNEL_XOR", "KERNEL_VERIFY", "KERNEL_INVALID", "STREAM_CREATE",
-    "STREAM_DESTROY", "STREAM_SYNC", "STREAM_QUERY", "EVENT_CREATE",
-    "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "EVENT_DESTROY",
-    "STREAM_WAIT_EVENT", "EVENT_ELAPSED", "DEVICE_SYNC", "SET_DEVICE",
-    "INVALID", "VERIFY", "ATTRIBUTES", "MEMINFO", "DOUBLE_FREE", "PINNED",
-    "YIELD",
-]
+
+def _fuzzer_ops() -> list[str]:
+    """The op names, in enum order, from fuzz_runtime.cpp's kOpNames: one
+    list for both, so that a seed can never name the wrong op."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_runtime.cpp")
+    with open(source) as f:
+        text = f.read()
+    table = re.search(r"kOpNames\[kNumOps\] = \{(.*?)\};", text, re.S)
+    if not table:
+        raise SystemExit("make_corpus.py: kOpNames not found in fuzz_runtime.cpp")
+    return re.findall(r'"([A-Z0-9_]+)"', table.group(1))
+
+
+OPS = _fuzzer_ops()
 OP = {name: i for i, name in enumerate(OPS)}
 
 # Size classes of MALLOC (byte b); see pick_size() in fuzz_runtime.cpp.
