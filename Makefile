@@ -4,13 +4,16 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
-BUILD_DIR := build/cmake
+# OpenReg's CMake build (with the runtime's GoogleTest suite) and the
+# development build (test fixtures, C++ benchmarks; the top-level CMakeLists.txt).
+OPENREG_BUILD_DIR := build/openreg
+DEV_BUILD_DIR := build/dev
 REPORT_DIR ?= conformance-report
 # Pinned tools of the project's own environment (torch must stay pinned: an
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 
-.PHONY: conformance test benchmarks build setup system-packages sanitizers fuzz fuzz-smoke stress
+.PHONY: conformance test benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -21,7 +24,7 @@ conformance: build
 ## All of the project's tests: the runtime's GoogleTest suite (plain, under
 ## ASan+UBSan and under TSan), a short fuzzing run of the runtime, and pytest.
 test: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure
+	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
 	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q
 
@@ -60,10 +63,29 @@ stress: build
 benchmarks: build
 	$(PYTHON) benchmarks/run_all.py
 
-## Build and install (editable) into the virtual environment.
+## Build and install (editable) into the virtual environment: the kit
+## (nothing to compile; its C++ probe is compiled here ahead of its first
+## use), OpenReg (CMake, with the runtime's tests), then the fixtures and
+## C++ benchmarks (the top-level CMakeLists.txt).
 build: setup
 	mkdir -p build
-	flock build/.lock $(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test]"
+	flock build/.lock $(MAKE) --no-print-directory build-locked
+
+build-locked:
+	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test,docs]"
+	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ./reference_backend \
+	  --config-settings=build-dir=$(abspath $(OPENREG_BUILD_DIR)) \
+	  --config-settings=cmake.define.OPENREG_BUILD_TESTS=ON
+	cmake -S . -B $(DEV_BUILD_DIR) -G Ninja -Wno-dev -DPython_EXECUTABLE=$(abspath $(PYTHON)) \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja >/dev/null
+	cmake --build $(DEV_BUILD_DIR)
+	$(PYTHON) -m privateuse1_conformance.conformance._probe >/dev/null
+
+## The documentation site (docs/ with mkdocs) into build/docs-site; fails on a
+## broken link or anchor. Needs neither torch nor the C++ build.
+docs: $(VENV)/.pip-stamp
+	$(PYTHON) -m pip install --quiet "mkdocs>=1.6,<2"
+	$(PYTHON) -m mkdocs build --strict
 
 setup: system-packages $(VENV)/.pip-stamp
 

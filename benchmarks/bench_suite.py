@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PLUGIN = "privateuse1_conformance.harness.plugin"
+# The plugin, by its pytest11 entry point's name (loaded even with
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD set).
+PLUGIN = "privateuse1_conformance"
 
 TRIVIAL = '''
 import pytest

@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-CXX_BENCH = REPO / "build" / "cmake" / "benchmarks" / "cxx" / "openreg_bench_device"
+CXX_BENCH = REPO / "build" / "dev" / "benchmarks" / "cxx" / "openreg_bench_device"
 
 
 def cxx_benchmarks() -> tuple[list[dict], list[dict]]:

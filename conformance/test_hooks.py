@@ -36,7 +36,8 @@ def contexts(cxx, n: int) -> list[int]:
 def storage_bytes(storage) -> bytes:
     """The bytes of an UntypedStorage (any device), read through a CPU copy."""
     cpu = storage.cpu()
-    return torch.empty(0, dtype=torch.uint8).set_(cpu).numpy().tobytes()
+    # (tolist, not numpy: the kit does not need numpy, and torch does not either)
+    return bytes(torch.empty(0, dtype=torch.uint8).set_(cpu).tolist())
 
 
 def cpu_storage(data: bytes):

@@ -12,7 +12,7 @@
 A manifest (TOML, all keys optional) tells the kit what the backend claims::
 
     [backend]
-    name = "xyz"                  # shown in reports (default: the device type)
+    name = "xyz"                  # shown in reports (default: the module's distribution name)
     claims = "standard"           # the level the vendor claims
     unclaimed = ["events"]        # features the backend does not implement
     expectations = "known.toml"   # known failures (relative to the manifest)
@@ -108,10 +108,14 @@ class Backend:
     version: str | None
     instrumentation: ModuleType | None = None
     profile: dict[str, Any] = field(default_factory=dict)
+    distribution: str | None = None   # the installed distribution that holds the module
 
     @property
     def name(self) -> str:
-        return self.manifest.name or self.device_type
+        """How reports call the backend: the manifest's name, else the name of
+        the distribution that installed its module, else the module's name.
+        Never the device type: two vendors' backends may share one."""
+        return self.manifest.name or self.distribution or self.module_name
 
     def device(self, index: int | None = None):
         import torch
@@ -142,17 +146,31 @@ def find_profile(name: str) -> dict[str, Any] | None:
     return None
 
 
-def _version_of(module: ModuleType, module_name: str) -> str | None:
+def _distribution_of(module_name: str) -> str | None:
+    """The installed distribution that provides `module_name`'s top-level
+    package (None for a module found on the path, outside any distribution)."""
+    top = module_name.split(".")[0]
+    try:
+        names = metadata.packages_distributions().get(top, [])
+        if not names:
+            # packages_distributions() (Python 3.11) infers packages from .py
+            # files only: a package whose installed files are all compiled
+            # (an editable install's extension modules) is found by its files.
+            names = [dist.metadata["Name"] for dist in metadata.distributions()
+                     if any(f.parts and f.parts[0] == top for f in dist.files or ())]
+        return metadata.metadata(names[0])["Name"] if names else None
+    except Exception:  # noqa: BLE001 - broken metadata must not stop a run
+        return None
+
+
+def _version_of(module: ModuleType, distribution: str | None) -> str | None:
     version = getattr(module, "__version__", None)
     if version:
         return str(version)
     try:
-        top = module_name.split(".")[0]
-        for dist in metadata.packages_distributions().get(top, []):
-            return metadata.version(dist)
+        return metadata.version(distribution) if distribution else None
     except Exception:  # noqa: BLE001
-        pass
-    return None
+        return None
 
 
 def load(name: str, manifest_path: str | Path | None = None, registry: Registry | None = None) -> Backend:
@@ -184,6 +202,7 @@ def load(name: str, manifest_path: str | Path | None = None, registry: Registry 
     # A backend without a device module still gets a complete run: the tests
     # that need the module fail and say what is missing.
     device_module = getattr(torch, device_type, None)
+    distribution = _distribution_of(module_name)
     instrumentation = None
     if manifest.instrumentation:
         try:
@@ -197,7 +216,8 @@ def load(name: str, manifest_path: str | Path | None = None, registry: Registry 
         device_type=device_type,
         device_module=device_module,
         manifest=manifest,
-        version=_version_of(module, module_name),
+        version=_version_of(module, distribution),
         instrumentation=instrumentation,
         profile=profile,
+        distribution=distribution,
     )

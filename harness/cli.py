@@ -6,8 +6,6 @@
     privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
     privateuse1-conformance render REPORT.json [--report-dir D]
     privateuse1-conformance contracts [--level L] [--area A] [--format text|markdown|json]
-    privateuse1-conformance mutants [--jobs N] [--only ID ...] [--timeout S] [--output F]
-    privateuse1-conformance mutants --markdown KILL_MATRIX.json [--docs PAGE.md]
 
 `run` runs the installed suite with pytest in this process (which becomes
 the warm parent every test is forked from) and writes the reports.
@@ -16,8 +14,10 @@ Exit codes (docs/reports.md): run returns pytest's (0 all passed, 1 some
 test did not, 2 interrupted, 3 internal error, 4 usage error); verify 0
 verified, 1 not verified, 2 the file is not JSON; diff 0 no regression,
 1 regression; diff and render 2 when a report cannot be read or is not
-schema-valid; mutants 0 only when every mutant run was killed on target
-(docs/mutation-testing.md).
+schema-valid.
+
+The mutation run of the reference backend is OpenReg's own command
+(`python -m openreg.mutants`, docs/mutation-testing.md), not the vendor's.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from .results import contract_info
 EXIT_UNUSABLE_REPORT = 2
 
 SUITE_PACKAGE = "privateuse1_conformance.conformance"
-PLUGIN = "privateuse1_conformance.harness.plugin"
+# The plugin, by its pytest11 entry point's name (loaded even with
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD set).
+PLUGIN = "privateuse1_conformance"
 DEFAULT_REPORT_DIR = "conformance-report"
 
 
@@ -60,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value:
             pytest_args.append(f"--{option}={value}")
+    if args.allow_untested_torch:
+        pytest_args.append("--allow-untested-torch")
     pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
     pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
     if args.jobs and args.jobs > 1:
@@ -125,41 +129,6 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mutants(args: argparse.Namespace) -> int:
-    from . import mutants as mutants_mod
-
-    contracts = registry_mod.load(registry_mod.default_path())
-    registry = mutants_mod.load(args.registry or mutants_mod.default_path(), contracts)
-    if args.markdown:
-        try:
-            result = json.loads(Path(args.markdown).read_text())
-        except (OSError, ValueError) as e:
-            print(f"cannot read the kill matrix {args.markdown}: {e}", file=sys.stderr)
-            return 2
-        table = mutants_mod.render_table(registry, contracts, result)
-        if not args.docs:
-            sys.stdout.write(table)
-            return 0
-        page = Path(args.docs)
-        try:
-            page.write_text(mutants_mod.splice(page.read_text(), table))
-        except (OSError, ValueError) as e:
-            print(f"{args.docs}: {e}", file=sys.stderr)
-            return 2
-        print(f"{page}: table of {len(registry.mutants)} mutants regenerated")
-        return 0
-    unknown = [m for m in args.only if m not in registry.mutants]
-    if unknown:
-        print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
-        return 2
-    print(f"{len(args.only or registry.mutants)} mutant(s) of {registry.backend!r}, {args.jobs} job(s)")
-    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout)
-    print(mutants_mod.format_matrix(result))
-    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"kill matrix written to {Path(args.output).resolve()}")
-    return 0 if result["score"] == 1.0 else 1
-
-
 def _contracts(args: argparse.Namespace) -> int:
     registry = registry_mod.load(args.registry or registry_mod.default_path())
     contracts = registry.up_to(args.level) if args.level else registry.active()
@@ -181,8 +150,15 @@ def _contracts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _text(text: str) -> str:
+    """Registry prose as Markdown: a '<' outside code spans is escaped, or a
+    renderer takes `torch.device('<name>:0')` for an HTML tag and drops it."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return _text(text).replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
@@ -226,28 +202,28 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
         count = sum(1 for c in contracts if c.level == level)
         needed = sorted({f for c in contracts if c.level == level for f in c.features})
         mandatory = [f for f in needed if not registry.features[f].optional]
-        lines.append(f"- **{level}** ({count} contracts): {description}"
+        lines.append(f"- **{level}** ({count} contracts): {_text(description)}"
                      + (f" Needs the features {', '.join(f'`{f}`' for f in mandatory)}." if mandatory else ""))
     lines += ["", "## Features a manifest may declare absent", "",
               "| feature | optional for the level | what |", "|---|---|---|"]
     for feature in registry.features.values():
-        lines.append(f"| `{feature.name}` | {'yes' if feature.optional else 'no'} | {feature.description} |")
+        lines.append(f"| `{feature.name}` | {'yes' if feature.optional else 'no'} | {_cell(feature.description)} |")
     for area, description in registry.areas.items():
         in_area = [c for c in contracts if c.area == area]
         if not in_area:
             continue
-        lines += ["", f"## {area}", "", description, "",
+        lines += ["", f"## {area}", "", _text(description), "",
                   "| ID | level | statement | features | source |", "|---|---|---|---|---|"]
         for c in in_area:
             features = ", ".join(f"`{f}`" for f in c.features)
             lines.append(f"| [`{c.id}`](#{c.id.lower()}) | {c.level} | {_cell(c.statement)} | {features} | "
                          f"{_cell(c.source)} |")
         for c in in_area:
-            lines += ["", f"### {c.id}", "", c.statement, ""]
+            lines += ["", f"### {c.id}", "", _text(c.statement), ""]
             if c.decided_by:
-                lines += [f"*Decided by:* {c.decided_by}", ""]
+                lines += [f"*Decided by:* {_text(c.decided_by)}", ""]
             if c.other_choices:
-                lines += [f"*Other legitimate choices:* {c.other_choices}", ""]
+                lines += [f"*Other legitimate choices:* {_text(c.other_choices)}", ""]
             if c.clauses:
                 lines += ["| clause | what | decided by | proved by mutant |", "|---|---|---|---|"]
                 for clause_id in c.clause_ids():
@@ -293,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", help=f"where to write the reports (default: {DEFAULT_REPORT_DIR}; "
                                           "none with --contract or --test unless given)")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before a test counts as hung")
+    run.add_argument("--allow-untested-torch", action="store_true",
+                     help="run although the installed torch is outside the range the kit supports "
+                          "(docs/vendor-guide.md)")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
     run.add_argument("--contract", action="append", metavar="ID",
                      help="run only the tests of this contract (repeatable)")
@@ -331,19 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
     contracts.add_argument("--registry", help=argparse.SUPPRESS)
     contracts.set_defaults(handler=_contracts)
 
-    mutants = commands.add_parser(
-        "mutants", help="run the suite against every mutant of the reference backend (exit 1 unless all are killed)")
-    mutants.add_argument("--jobs", "-j", type=int, default=2, help="mutants run in parallel")
-    mutants.add_argument("--only", nargs="*", default=[], metavar="ID", help="run just these mutants")
-    mutants.add_argument("--timeout", type=float, default=30.0, help="seconds before a test counts as hung")
-    mutants.add_argument("--output", default="mutants.json", help="where to write the kill matrix (JSON)")
-    mutants.add_argument("--markdown", metavar="KILL_MATRIX",
-                         help="run nothing: print the docs' table of mutants, generated from the registry "
-                              "and this kill matrix (a JSON written by --output)")
-    mutants.add_argument("--docs", metavar="PAGE",
-                         help="with --markdown: rewrite the generated block of this page (docs/mutation-testing.md)")
-    mutants.add_argument("--registry", help=argparse.SUPPRESS)
-    mutants.set_defaults(handler=_mutants)
     return parser
 
 

@@ -33,7 +33,9 @@ from pathlib import Path
 
 from . import registry as registry_mod
 
-PLUGIN = "privateuse1_conformance.harness.plugin"
+# The plugin, by its pytest11 entry point's name (loaded even with
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD set).
+PLUGIN = "privateuse1_conformance"
 SUITE = "privateuse1_conformance.conformance"
 KILLING_VERDICTS = {"fail", "error", "crash", "hang"}
 
@@ -221,7 +223,7 @@ def format_matrix(result: dict) -> str:
 # ------------------------------------------------------------------ docs
 
 TABLE_BEGIN = ("<!-- mutants:begin - generated from conformance/mutants.toml and "
-               "docs/mutation-kill-matrix.json by `privateuse1-conformance mutants --markdown "
+               "docs/mutation-kill-matrix.json by `python -m openreg.mutants --markdown "
                "docs/mutation-kill-matrix.json --docs docs/mutation-testing.md`; do not edit -->")
 TABLE_END = "<!-- mutants:end -->"
 

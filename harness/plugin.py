@@ -1,8 +1,10 @@
 """The pytest plugin that turns the conformance suite into a conformance run.
 
-Load it with ``-p privateuse1_conformance.harness.plugin`` (the repository's
-root conftest.py and the ``privateuse1-conformance`` command do). It stays
-inert unless ``--backend`` is given, so it never disturbs other test runs.
+pytest loads it from the kit's ``pytest11`` entry point (named
+``privateuse1_conformance``; ``-p no:privateuse1_conformance`` turns it off)
+wherever the kit is installed. It stays inert unless ``--backend`` is given,
+so it never disturbs other test runs. ``pytest --backend=NAME`` with no path
+runs the installed suite, from any folder.
 
 What it does for a run:
 
@@ -36,7 +38,7 @@ import pytest
 from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
-from . import isolation, registry as registry_mod
+from . import isolation, registry as registry_mod, versions
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
@@ -65,6 +67,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run each test in a forked child (default) or in-process (debugging only)")
     group.addoption("--contract-timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds before a test counts as hung (default {DEFAULT_TIMEOUT:g})")
+    group.addoption("--allow-untested-torch", action="store_true", default=False,
+                    help="run although the installed torch is outside the range the kit supports")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -77,6 +81,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "without them it is no evidence (inconclusive), never a failure"
     )
     if config.getoption("backend"):
+        if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
+            # `pytest --backend=X` with no path and no testpaths: the installed
+            # suite, not whatever tests the current folder happens to hold.
+            from privateuse1_conformance import conformance
+
+            config.args = [str(Path(conformance.__file__).resolve().parent)]
         # Short tracebacks on the terminal (the reports keep them complete).
         if config.getoption("tbstyle", "auto") == "auto":
             config.option.tbstyle = "short"
@@ -111,6 +121,19 @@ class ConformanceSession:
             self.registry = registry_mod.load(registry_path)
         except (OSError, registry_mod.RegistryError) as e:
             raise pytest.UsageError(f"cannot load the contract registry: {e}") from e
+        import torch
+
+        self.warnings: list[str] = []
+        problem = versions.torch_problem(torch.__version__)
+        if problem and not config.getoption("allow_untested_torch"):
+            raise pytest.UsageError(problem)
+        if problem:
+            self.warnings.append(f"torch {torch.__version__} is outside the kit's supported range "
+                                 f"(torch{versions.SUPPORTED_TORCH}); run with --allow-untested-torch")
+        # Contracts whose APIs this torch does not have yet: not run, not counted.
+        self.left_out = self.registry.leave_out_for_torch(torch.__version__)
+        for contract_id, reason in self.left_out.items():
+            self.warnings.append(f"{contract_id} left out: {reason}")
         name = config.getoption("backend")
         if not hasattr(config, "workerinput"):  # xdist workers: the controller checked
             profile = backend_mod.find_profile(name) or {}
@@ -124,7 +147,8 @@ class ConformanceSession:
         expectations_path = config.getoption("expectations") or manifest.expectations
         try:
             self.expectations = (
-                expectations_mod.load(expectations_path, self.registry) if expectations_path else {}
+                expectations_mod.load(expectations_path, self.registry) if expectations_path
+                else expectations_mod.Expectations()
             )
         except expectations_mod.ExpectationsError as e:
             raise pytest.UsageError(str(e)) from e
@@ -145,7 +169,6 @@ class ConformanceSession:
         self.unclaimed = set(manifest.unclaimed)
         if self.device_count < 2 and self.setup_problem is None:  # (unknown when the probe failed)
             self.unclaimed.add("multi-device")
-        self.warnings: list[str] = []
         if self.setup_problem is None:
             self._warm()
         self.covered: set[str] = set()
@@ -264,7 +287,7 @@ class ConformanceSession:
             return shlex.join([*rerun_options(self), f"--test={self.test_id(nodeid)}"])
         path, _, rest = nodeid.partition("::")
         target = str((self.config.rootpath / path).resolve()) + (f"::{rest}" if rest else "")
-        args = ["pytest", "-p", "privateuse1_conformance.harness.plugin", f"--backend={self.backend.requested}"]
+        args = ["pytest", f"--backend={self.backend.requested}"]
         for option in ("manifest", "expectations"):
             value = self.config.getoption(option)
             if value:
@@ -276,8 +299,7 @@ class ConformanceSession:
         if not self.only_tests:
             return True
         test_id = self.test_id(item.nodeid)
-        bare = test_id.split("[", 1)[0]
-        return any(test_id == t or bare == t or test_id.startswith(t + "::") for t in self.only_tests)
+        return any(expectations_mod.matches(t, test_id) for t in self.only_tests)
 
     # -------------------------------------------------------- collection
 
@@ -296,9 +318,12 @@ class ConformanceSession:
                 contract = self.registry.contracts.get(contract_id)
                 if contract is None:
                     problems.append(f"{item.nodeid}: unknown contract ID {contract_id!r}")
-                elif contract.retired:
+                elif contract.retired and contract_id not in self.left_out:
                     problems.append(f"{item.nodeid}: contract {contract_id} is retired ({contract.retired})")
             if any(c not in self.registry.contracts for c in ids):
+                continue
+            if any(c in self.left_out for c in ids):
+                deselected.append(item)
                 continue
             self.covered.update(ids)
             in_level = min(self.registry.contracts[c].level_rank for c in ids) <= rank
@@ -308,6 +333,12 @@ class ConformanceSession:
                 deselected.append(item)
         if problems:
             raise pytest.UsageError("invalid contract declarations:\n  " + "\n  ".join(problems))
+        unmatched = [e for e in self.expectations if e.test is not None and not any(
+            e.contract in self.contracts_of(item) and e.covers(self.test_id(item.nodeid)) for item in items)]
+        if unmatched:
+            raise pytest.UsageError(
+                f"expectations file {self.expectations_path}: no test of the contract matches " + "; ".join(
+                    f"{e.contract} test {e.test!r}" for e in unmatched))
         if deselected:
             config.hook.pytest_deselected(items=deselected)
         items[:] = selected
@@ -454,8 +485,9 @@ class ConformanceSession:
                 props["step"] = props["scope"][1]
         charges, note = self.charges(verdict, charged, contracts, unclaimed)
         expected = []
+        test_id = self.test_id(report.nodeid)
         for contract_id, charge in charges.items():
-            expectation = self.expectations.get(contract_id)
+            expectation = self.expectations.for_test(contract_id, test_id)
             if expectation is None:
                 continue
             if charge in ("fail", "error"):

@@ -58,6 +58,7 @@ class Contract:
     clauses: tuple[str, ...] = ()
     decided_by: str = ""       # the observation that decides the contract
     other_choices: str = ""    # why a conforming backend making other legitimate choices passes
+    min_torch: str = ""        # the first torch release with the APIs the contract needs ("" = any supported)
     # Clauses knowingly without a check or without a mutant, with the reason.
     waive_check: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     waive_mutant: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -95,6 +96,23 @@ class Registry:
         if not number.isdigit() or not 1 <= int(number) <= len(contract.clauses):
             raise KeyError(f"unknown clause {clause_id!r}")
         return contract.clauses[int(number) - 1]
+
+    def leave_out_for_torch(self, torch_version: str) -> dict[str, str]:
+        """Retire, for this run, the contracts that need a newer torch than
+        `torch_version`; returns contract ID -> why (their tests are not run,
+        and they count toward no level)."""
+        from dataclasses import replace
+
+        from .versions import release
+
+        running = release(torch_version)
+        left_out = {}
+        for contract in self.active():
+            if contract.min_torch and running < release(contract.min_torch):
+                reason = f"needs torch >= {contract.min_torch}, this run has {torch_version}"
+                self.contracts[contract.id] = replace(contract, retired=reason)
+                left_out[contract.id] = reason
+        return left_out
 
     def get(self, contract_id: str) -> Contract:
         try:
@@ -136,7 +154,7 @@ def load(path: str | Path) -> Registry:
         if contract_id in registry.contracts:
             raise RegistryError(f"{path}: {where}: duplicate ID")
         unknown = set(entry) - {"id", "area", "level", "statement", "source", "features", "retired", "clauses",
-                                "decided_by", "other_choices", "waive_check", "waive_mutant"}
+                                "decided_by", "other_choices", "waive_check", "waive_mutant", "min_torch"}
         if unknown:
             raise RegistryError(f"{path}: {where}: unknown keys {sorted(unknown)}")
         area, level = need(entry, "area", where), need(entry, "level", where)
@@ -148,6 +166,15 @@ def load(path: str | Path) -> Registry:
         for feature in contract_features:
             if feature not in features:
                 raise RegistryError(f"{path}: {where}: unknown feature {feature!r}")
+        min_torch = str(entry.get("min_torch", ""))
+        if min_torch:
+            from .versions import release
+
+            try:
+                release(min_torch)
+            except ValueError:
+                raise RegistryError(f"{path}: {where}: min_torch must be a torch release like '2.14', "
+                                    f"got {min_torch!r}") from None
         clauses = tuple(entry.get("clauses", ()))
         if not all(isinstance(c, str) and c.strip() for c in clauses):
             raise RegistryError(f"{path}: {where}: clauses must be non-empty strings")
@@ -174,6 +201,7 @@ def load(path: str | Path) -> Registry:
             other_choices=entry.get("other_choices", ""),
             waive_check=waivers["waive_check"],
             waive_mutant=waivers["waive_mutant"],
+            min_torch=min_torch,
         )
     return registry
 

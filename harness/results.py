@@ -278,11 +278,15 @@ class RunRecorder:
 
     def stale_expectations(self) -> list[str]:
         stale = []
-        for contract_id in self.session.expectations:
-            verdicts = [t.verdict_for(contract_id) for t in self.tests.values() if contract_id in t.contracts
-                        and t.verdict_for(contract_id) is not Verdict.INCONCLUSIVE]
+        for entry in self.session.expectations:
+            # The tests this entry decides (a contract entry does not decide a
+            # test that an entry of its own covers).
+            verdicts = [t.verdict_for(entry.contract) for t in self.tests.values()
+                        if entry.contract in t.contracts
+                        and self.session.expectations.for_test(entry.contract, t.nodeid) is entry
+                        and t.verdict_for(entry.contract) is not Verdict.INCONCLUSIVE]
             if verdicts and all(v in (Verdict.PASS, Verdict.XPASS) for v in verdicts):
-                stale.append(contract_id)
+                stale.append(entry.label)
         return stale
 
     def print_details(self, terminal) -> None:

@@ -234,7 +234,7 @@ class Provenance:
     started: str = ""                            # ISO 8601, UTC
     duration_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
-    backend_name: str = ""                       # the manifest's name, else the device type
+    backend_name: str = ""                       # the manifest's name, else the distribution's, else the module's
     backend_file: str = ""                       # where the backend module was imported from
     torch_git_version: str = ""
     registry: dict[str, str] | None = None       # the contract registry used: {"path", "sha256"}

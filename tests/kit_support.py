@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE_DIR = REPO / "build" / "cmake" / "fixtures"
-PLUGIN = "privateuse1_conformance.harness.plugin"
+FIXTURE_DIR = REPO / "build" / "dev" / "fixtures"
+# The plugin, by its pytest11 entry point's name (loaded even with
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD set).
+PLUGIN = "privateuse1_conformance"
 SUITE = "privateuse1_conformance.conformance"
 
 

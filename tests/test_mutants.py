@@ -4,7 +4,7 @@ reference backend, selecting a mutant is safe, the docs' table is generated
 from the registry, and every mutant is killed on target by the real runner.
 
 The whole set runs (about 5 minutes with 2 jobs on a 2-core machine); the
-command for a run by hand is `privateuse1-conformance mutants --jobs 2`.
+command for a run by hand is `python -m openreg.mutants --jobs 2`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kit_support import REPO, run_pytest
+from openreg import mutants as openreg_mutants
 from privateuse1_conformance.harness import cli
 from privateuse1_conformance.harness import mutants as mutants_mod
 from privateuse1_conformance.harness import registry as registry_mod
@@ -159,12 +160,12 @@ def test_docs_table_is_generated_from_the_registry(registry, contracts):
     stale = sorted(m.id for m in registry.mutants.values()
                    if m.id not in outcomes or outcomes[m.id]["contracts"] != list(m.contracts))
     assert not stale, (f"{RECORDED_MATRIX.name} has no (or an outdated) outcome for {stale}: rerun "
-                       f"`privateuse1-conformance mutants --jobs 2 --output {RECORDED_MATRIX.relative_to(REPO)}`")
+                       f"`python -m openreg.mutants --jobs 2 --output {RECORDED_MATRIX.relative_to(REPO)}`")
     not_killed = sorted(m for m in registry.mutants if outcomes[m]["status"] != "killed")
     assert not not_killed, f"the recorded kill matrix has mutants not killed on target: {not_killed}"
     page = DOCS_PAGE.read_text()
     assert mutants_mod.generated_block(page) == mutants_mod.render_table(registry, contracts, matrix), (
-        "the table of docs/mutation-testing.md is stale: regenerate it with `privateuse1-conformance mutants "
+        "the table of docs/mutation-testing.md is stale: regenerate it with `python -m openreg.mutants "
         "--markdown docs/mutation-kill-matrix.json --docs docs/mutation-testing.md`")
     for mutant in registry.mutants.values():
         assert f"| `{mutant.id}` |" in page
@@ -173,7 +174,7 @@ def test_docs_table_is_generated_from_the_registry(registry, contracts):
 def test_markdown_command_prints_the_table(registry, contracts):
     out = io.StringIO()
     with redirect_stdout(out):
-        code = cli.main(["mutants", "--markdown", str(RECORDED_MATRIX)])
+        code = openreg_mutants.main(["--markdown", str(RECORDED_MATRIX)])
     assert code == 0
     assert out.getvalue() == mutants_mod.render_table(registry, contracts, json.loads(RECORDED_MATRIX.read_text()))
 
@@ -194,7 +195,7 @@ def test_splice_replaces_only_the_generated_block(registry, contracts):
 
 def test_every_mutant_is_killed_on_target(registry, tmp_path, monkeypatch):
     """The whole set through the real runner (the code behind
-    `privateuse1-conformance mutants --jobs 2`)."""
+    `python -m openreg.mutants --jobs 2`)."""
     monkeypatch.chdir(tmp_path)
     lines: list[str] = []
     result = mutants_mod.run_all(registry, None, jobs=2, timeout=60.0, progress=lines.append)
@@ -258,3 +259,11 @@ def test_ordering_mutant_is_killed_in_every_run(mutant_id, registry, contracts, 
     missed = sorted(set(range(1, REPEATS + 1)) - killed)
     assert not missed, (f"{mutant_id} survived {len(missed)} of {REPEATS} runs of {tests} (runs {missed}): the "
                         "check relies on timing instead of forcing the window")
+
+
+def test_the_vendor_cli_has_no_mutants_command(capsys):
+    """The mutation run is OpenReg's command (python -m openreg.mutants), not the vendor's."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["mutants"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'mutants'" in capsys.readouterr().err

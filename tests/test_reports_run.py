@@ -117,7 +117,7 @@ def test_diff_reference_against_a_fixture_backend(reference, minimal):
     out = result.stdout
     assert "Level reached: full -> none (dropped)" in out
     assert "Regressions (" in out and "HK-CTX-001" in out and "pass -> fail" in out
-    assert "note: different backends: openreg -> minimal" in out
+    assert "note: different backends: openreg -> pu1_minimal" in out
     assert out.rstrip().splitlines()[-1].startswith("REGRESSED")
     # The other way round, everything that differs is a fix.
     reverse = cli("diff", str(minimal / "report.json"), str(reference / "report.json"), "--format", "json",

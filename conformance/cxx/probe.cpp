@@ -104,7 +104,9 @@ void add_hooks_extras(py::module& m) {
 }  // namespace
 // ====================================================== end hooks extras
 
-PYBIND11_MODULE(_cxx, m) {
+// TORCH_EXTENSION_NAME is _cxx: the kit compiles this module with
+// torch.utils.cpp_extension (conformance/_probe.py), which defines it.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Direct calls into the PrivateUse1 hooks and device guard";
 
   // ------------------------------------------------- C++ contract tests

@@ -1,0 +1,78 @@
+"""The kit as a vendor installs it: alone, into a fresh environment that has
+only torch, with one `pip install`, then run from an unrelated folder against
+a backend that is not part of the kit, by its CLI and by `pytest --backend`
+(tests/kit_install.sh does the steps and times them; docs/vendor-guide.md
+quotes the times).
+
+Needs what a vendor's machine needs: pip able to fetch torch==2.13.0 and the
+kit's dependencies (the same sources `make build` installs from), a C++
+compiler and GoogleTest for the probe's first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit_support import FIXTURE_DIR, REPO
+
+SCRIPT = REPO / "tests" / "kit_install.sh"
+MANIFEST = REPO / "tests" / "fixtures" / "pu1_sync" / "manifest.toml"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    if not (FIXTURE_DIR / "pu1_sync").is_dir():
+        pytest.fail(f"the fixture backend pu1_sync is not built in {FIXTURE_DIR}: run make build")
+    work = tmp_path_factory.mktemp("kit-install")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PU1C_PROBE_CACHE") and not k.startswith("PYTEST_")}
+    # The base interpreter, not this venv's: the new environment must not see this one's packages.
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    env["PYTHON"] = base_python
+    result = subprocess.run(["bash", str(SCRIPT), str(work), "pu1_sync", str(FIXTURE_DIR), str(MANIFEST)],
+                            capture_output=True, text=True, env=env, timeout=1500)
+    return work, result
+
+
+def test_the_script_succeeds(installed):
+    work, result = installed
+    assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    times = dict(line.split("\t") for line in (work / "times.tsv").read_text().splitlines())
+    assert set(times) == {"venv", "torch", "kit", "probe", "cli-run", "pytest-run"}
+    print("install and run times (s):", times)
+
+
+def test_the_kit_alone_was_installed(installed):
+    work, result = installed
+    assert result.returncode == 0, result.stderr[-4000:]
+    python = work / "venv" / "bin" / "python"
+    listing = subprocess.run([str(python), "-m", "pip", "list", "--format=json"],
+                             capture_output=True, text=True, check=True).stdout
+    names = {p["name"].lower() for p in json.loads(listing)}
+    assert "privateuse1-conformance" in names
+    assert "openreg" not in names, "installing the kit must not install OpenReg"
+    assert not any(n.startswith("scikit-build") or n == "cmake" for n in names), names
+    # Nothing of OpenReg in the kit's files either.
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert not (Path(site) / "openreg").exists()
+
+
+@pytest.mark.parametrize("how", ["cli", "pytest"])
+def test_the_suite_ran_from_an_unrelated_folder(installed, how):
+    work, result = installed
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((work / f"{how}-report" / "report.json").read_text())
+    summary, provenance = report["summary"], report["provenance"]
+    # The backend is called by its manifest's name, and the whole suite ran and passed.
+    assert provenance["backend_name"] == "pu1_sync"
+    assert report["complete"]
+    assert summary["level_reached"] == summary["claimed_level"] == "full", summary["verdicts"]
+    # The probe was compiled into the fresh cache (first use), not found elsewhere.
+    assert list((work / "probe-cache").glob("torch-*/_cxx*.so"))
