@@ -25,17 +25,21 @@ BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a hea
 DETAIL_LIMITS = (3000, 2000, 1400, 1000, 700, 500, 350, 250, 180, 120)
 # Inside a line: escapes, code spans, emphasis, links and images, raw HTML and
 # entities, table cells, strikethrough, math.
-_INLINE = re.compile(r"([\\`*_\[\]<>|~$&])")
+# An underscore between two letters or digits (pu1_sync) cannot start or end
+# emphasis (CommonMark's flanking rules) and stays as written.
+_INLINE = re.compile(r"([\\`*\[\]<>|~$&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
 # At the start of a line: headings, block quotes, list items, thematic breaks.
 _LINE_START = re.compile(r"^(\s*)(?:([#>+=-])|(\d+)([.)]))")
 _BACKTICKS = re.compile("`+")
 MAX_IDS = 25  # a list of contract IDs longer than this is shortened by whole IDs
 
 
-def escape(text: str, limit: int = 200) -> str:
-    """One line of backend-derived text, inert in a paragraph or a table cell."""
+def escape(text: str, limit: int = 200, inline: bool = False) -> str:
+    """One line of backend-derived text, inert in a paragraph or a table cell.
+    `inline`: the text follows other text on its line (or sits in a table
+    cell), where '1.' or '#' cannot start a block and need no escape."""
     line = _INLINE.sub(r"\\\1", one_line(text, limit))
-    return _LINE_START.sub(_escape_line_start, line, count=1)
+    return line if inline else _LINE_START.sub(_escape_line_start, line, count=1)
 
 
 def _escape_line_start(match: re.Match) -> str:
@@ -46,7 +50,7 @@ def _escape_line_start(match: re.Match) -> str:
 
 def id_list(ids: list[str], limit: int = MAX_IDS) -> str:
     """Escaped, comma-separated IDs (or names), never cut inside one."""
-    shown = [escape(i, 500) for i in ids[:limit]]
+    shown = [escape(i, 500, inline=True) for i in ids[:limit]]
     more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
     return ", ".join(shown) + more
 
@@ -78,7 +82,7 @@ def _verdict_columns(document: dict[str, Any]) -> list[str]:
 
 def _overview(document: dict[str, Any]) -> list[str]:
     summary, provenance = document["summary"], document["provenance"]
-    lines = [f"## PrivateUse1 conformance: {escape(title(document))}", ""]
+    lines = [f"## PrivateUse1 conformance: {escape(title(document), inline=True)}", ""]
     claimed = summary["claimed_level"]
     lines.append(
         f"**Level reached: {summary['level_reached'] or 'none'}**"
@@ -89,15 +93,18 @@ def _overview(document: dict[str, Any]) -> list[str]:
         + f" · {provenance['duration_ms'] / 1000:.1f} s")
     lines.append("")
     lines.append(
-        f"Backend {escape(provenance['backend_name'])} (module {escape(provenance['backend_module'])}"
-        f" {escape(provenance['backend_version'] or 'unversioned')}), {provenance['device_count']} device(s);"
-        f" torch {escape(provenance['torch_version'])}; kit {escape(provenance['kit_version'])}."
+        f"Backend {escape(provenance['backend_name'], inline=True)} "
+        f"(module {escape(provenance['backend_module'], inline=True)}"
+        f" {escape(provenance['backend_version'] or 'unversioned', inline=True)}), "
+        f"{provenance['device_count']} device(s);"
+        f" torch {escape(provenance['torch_version'], inline=True)}; "
+        f"kit {escape(provenance['kit_version'], inline=True)}."
     )
     if not document["complete"]:
         lines += ["", "> **Incomplete run**: the run was interrupted or crashed; this report holds only "
                       "the tests that finished. It cannot be verified."]
     columns = _verdict_columns(document)
-    rows = [[escape(a["area"]), str(a["contracts"]), str(a["satisfied"])] + [str(a["verdicts"][v]) for v in columns]
+    rows = [[escape(a["area"], inline=True), str(a["contracts"]), str(a["satisfied"])] + [str(a["verdicts"][v]) for v in columns]
             for a in summary["areas"]]
     lines += ["", *table(["area", "contracts", "satisfied", *columns], rows)]
     level_rows = [
@@ -114,15 +121,15 @@ def _source(contract: dict[str, Any], torch_version: str | None) -> list[str]:
     if not source:
         return []
     links = source_links(source, torch_version)
-    linked = "".join(f" · [{escape(path)}]({url})" for path, url in links)
-    return [f"Source: {escape(source, 400)}{linked}", ""]
+    linked = "".join(f" · [{escape(path, inline=True)}]({url})" for path, url in links)
+    return [f"Source: {escape(source, 400, inline=True)}{linked}", ""]
 
 
 def _failure(contract: dict[str, Any], detail_limit: int, torch_version: str | None = None) -> list[str]:
-    lines = [f"#### {contract['id']}: {contract['verdict']} ({escape(contract['area'])}, {contract['level']})",
+    lines = [f"#### {contract['id']}: {contract['verdict']} ({escape(contract['area'], inline=True)}, {contract['level']})",
              "", escape(contract["statement"], 600), "", *_source(contract, torch_version)]
     if contract["unclaimed_features"]:
-        lines += [f"Not claimed: {escape(', '.join(contract['unclaimed_features']))}", ""]
+        lines += [f"Not claimed: {escape(', '.join(contract['unclaimed_features']), inline=True)}", ""]
     if contract["message"]:
         # With per-test details the message is shortened like them; without,
         # it is all the evidence shown, so it keeps more.
@@ -145,7 +152,7 @@ def _lists(document: dict[str, Any]) -> list[str]:
     if causes:
         lines += ["", "**Shared root causes** (one underlying error behind several failing tests):", ""]
         lines += [f"- {group['verdict']}, {len(group['tests'])} tests ({id_list(group['contracts'], 12)}): "
-                  f"{escape(group['cause'], 300)}" for group in causes[:20]]
+                  f"{escape(group['cause'], 300, inline=True)}" for group in causes[:20]]
         if len(causes) > 20:
             lines.append(f"- and {len(causes) - 20} more (see report.json)")
     for key, label in (("stale_expectations", "Stale expectations (these contracts now pass)"),
@@ -154,12 +161,12 @@ def _lists(document: dict[str, Any]) -> list[str]:
         if summary[key]:
             lines += ["", f"**{label}:** {id_list(summary[key], 60)}"]
     for warning in document["provenance"]["warnings"]:
-        lines += ["", f"**Warning:** {escape(warning, 500)}"]
+        lines += ["", f"**Warning:** {escape(warning, 500, inline=True)}"]
     return lines
 
 
 def _provenance(document: dict[str, Any]) -> list[str]:
-    rows = [[escape(key), escape(value, 300)] for key, value in provenance_rows(document["provenance"])]
+    rows = [[escape(key, inline=True), escape(value, 300, inline=True)] for key, value in provenance_rows(document["provenance"])]
     rows.append(["digest", f"sha256 {document['digest']['value']}"])
     return ["", *collapsed("Provenance", "\n".join(table(["", ""], rows)))]
 

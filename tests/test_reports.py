@@ -601,6 +601,14 @@ def test_markdown_escapes_only_what_markdown_needs():
         assert markdown.escape(plain) == plain
     assert markdown.escape("1. first") == "1\\. first" and markdown.escape("# title") == "\\# title"
     assert markdown.escape("a|b") == "a\\|b" and markdown.escape("<b>") == "\\<b\\>"
+    # Underscores inside a word cannot make emphasis; others can.
+    assert markdown.escape("pu1_sync") == "pu1_sync" and markdown.escape("_x_ y_") == "\\_x\\_ y\\_"
+    # After other text on the line, '2.' starts no list: as written.
+    assert markdown.escape("2.13.0+cpu", inline=True) == "2.13.0+cpu"
+    assert markdown.escape("2.13.0+cpu") == "2\\.13.0+cpu"
+    document = json_report.to_document(make_run(backend_name="pu1_sync", torch_version="2.13.0+cpu"))
+    text = markdown.render(document)
+    assert "pu1_sync" in text and "torch 2.13.0+cpu;" in text, text[:600]
 
 
 def test_markdown_never_cuts_an_id_and_shortens_each_detail_before_dropping_any():
