@@ -600,3 +600,234 @@ def test_printing(name, make, dt, n):
     assert marker in words, f"repr() of a {name} tensor on {device} does not name its device: {text!r}"
     assert words.replace(marker, "") == " ".join(repr(cpu).split()), (
         f"repr() of a {name} device tensor shows other values than on CPU:\n{text}\nvs CPU:\n{repr(cpu)}")
+
+
+# ------------------------------------------------- negative and conjugate views
+#
+# torch._neg_view and Tensor.conj() (of a complex tensor) set a bit instead
+# of computing: the values are negated or conjugated only when the tensor is
+# materialized. PyTorch's Negative and Conjugate fallbacks do that for most
+# operators, through clone() and copy_, which is the backend's copy: a
+# backend whose copy does not apply the bits, or whose _copy_from the
+# fallbacks intercept (they then materialize its argument with clone(), which
+# calls _copy_from again, forever), gets wrong values or a crash.
+
+def _materializations(device: torch.device, resolve: str):
+    return [
+        ("clone()", lambda v: v.clone()),
+        (f"{resolve}()", lambda v: getattr(v, resolve)()),
+        (".cpu()", lambda v: v.cpu()),
+        (f".to('{device}')", lambda v: v.to(device)),
+        ("an operator (v * 2)", lambda v: v * 2),
+        ("copy_ into a plain device tensor", lambda v: torch.empty_like(v, device=device).copy_(v)),
+    ]
+
+
+def _check_view_materializations(contract_clause: str, view, expected_cpu, base, base_cpu, bit: str,
+                                 resolve: str, device: torch.device) -> None:
+    check(contract_clause, bool(getattr(view, f"is_{bit}")()), f"the {bit} view does not report is_{bit}()")
+    for what, make in _materializations(device, resolve):
+        got = must(lambda: make(view), f"{what} of a device tensor whose {bit} bit is set")
+        got_cpu = must(lambda: got.cpu(), f".cpu() of the result of {what} of a {bit} view")
+        factor = 2 if what.startswith("an operator") else 1
+        check(contract_clause, not got_cpu.is_neg() and not got_cpu.is_conj()
+              and torch.equal(got_cpu.resolve_conj().resolve_neg(), expected_cpu * factor),
+              lambda: f"{what} of a {bit} view of a device tensor gives {got_cpu.resolve_conj().resolve_neg()}, "
+                      f"on CPU {expected_cpu * factor}")
+    check(contract_clause, torch.equal(base.cpu(), base_cpu),
+          f"materializing a {bit} view changed the tensor it views")
+
+
+# decides TP-NEGCONJ-001.1
+@contract("TP-NEGCONJ-001")
+def test_negative_views_materialize_like_cpu(dt, n):
+    device = torch.device(dt, n - 1)
+    base_cpu = torch.linspace(-2.5, 4.0, 12).view(3, 4)
+    base = base_cpu.to(dt)
+    view = must(lambda: torch._neg_view(base), "torch._neg_view of a device tensor")
+    _check_view_materializations("TP-NEGCONJ-001.1", view, torch._neg_view(base_cpu).resolve_neg(),
+                                 base, base_cpu, "neg", "resolve_neg", device)
+    item = must(lambda: view[1, 2].item(), "item() of an element of a negative view")
+    check("TP-NEGCONJ-001.1", item == -base_cpu[1, 2].item(),
+          f"item() of a negative view reads {item}, on CPU {-base_cpu[1, 2].item()}")
+
+
+# decides TP-NEGCONJ-001.2
+@contract("TP-NEGCONJ-001")
+def test_conjugate_views_materialize_like_cpu(dt, n):
+    dtypes, _ = supported_dtypes(dt)
+    if torch.complex64 not in dtypes:
+        inconclusive("the device does not claim complex64: conjugate views have no complex tensor to view")
+    device = torch.device(dt, n - 1)
+    base_cpu = torch.complex(torch.linspace(-2.5, 4.0, 12), torch.linspace(3.0, -1.5, 12)).view(3, 4)
+    base = base_cpu.to(dt)
+    view = must(lambda: base.conj(), "Tensor.conj() of a complex device tensor")
+    _check_view_materializations("TP-NEGCONJ-001.2", view, base_cpu.conj().resolve_conj(),
+                                 base, base_cpu, "conj", "resolve_conj", device)
+
+
+# decides TP-NEGCONJ-001.3
+@contract("TP-NEGCONJ-001")
+def test_copy_into_negative_and_conjugate_views(dt, n):
+    values = torch.linspace(-3.0, 5.0, 8)
+    sources = {"the CPU": values, f"{dt}:0": values.to(f"{dt}:0"), f"{dt}:{n - 1}": values.to(f"{dt}:{n - 1}")}
+    for where, source in sources.items():
+        base = torch.zeros(8, device=dt)
+        must(lambda: torch._neg_view(base).copy_(source), f"copy_ from {where} into a negative view")
+        check("TP-NEGCONJ-001.3", torch.equal(base.cpu(), -values),
+              lambda: f"copy_ from {where} into a negative view of a device tensor left the tensor "
+                      f"{base.cpu()}, expected {-values}")
+    dtypes, _ = supported_dtypes(dt)
+    if torch.complex64 not in dtypes:
+        return  # the negative views decided the clause; no complex tensors to conjugate
+    complex_values = torch.complex(values, values.flip(0))
+    for where, source in {"the CPU": complex_values, f"{dt}:0": complex_values.to(f"{dt}:0")}.items():
+        base = torch.zeros(8, dtype=torch.complex64, device=dt)
+        must(lambda: base.conj().copy_(source), f"copy_ from {where} into a conjugate view")
+        check("TP-NEGCONJ-001.3", torch.equal(base.cpu(), complex_values.conj().resolve_conj()),
+              lambda: f"copy_ from {where} into a conjugate view of a device tensor left the tensor "
+                      f"{base.cpu()}, expected {complex_values.conj().resolve_conj()}")
+
+
+# ------------------------------------------------------------ shallow copies
+
+# decides TP-SHALLOW-001.1
+@contract("TP-SHALLOW-001")
+def test_shallow_copy_compatibility(dt, n):
+    cpu = torch.zeros(3)
+    pairs = {"a CPU tensor and a device tensor": (cpu, torch.zeros(3, device=dt)),
+             "a device tensor and a CPU tensor": (torch.zeros(3, device=dt), cpu),
+             f"tensors of {dt}:0 and {dt}:{n - 1}": (torch.zeros(3, device=f"{dt}:0"),
+                                                     torch.zeros(3, device=f"{dt}:{n - 1}"))}
+    for what, (a, b) in pairs.items():
+        answer = must(lambda: torch._has_compatible_shallow_copy_type(a, b),
+                      f"torch._has_compatible_shallow_copy_type of {what}")
+        check("TP-SHALLOW-001.1", answer is True,
+              f"torch._has_compatible_shallow_copy_type is {answer} for {what} (True for dense CPU and CUDA "
+              "tensors; c10/core/TensorImpl.h asks PrivateUse1 backends to register the operator)")
+
+
+# decides TP-SHALLOW-001.2
+@contract("TP-SHALLOW-001")
+def test_data_assignment_moves_between_cpu_and_device(dt, n):
+    device = torch.device(dt, n - 1)
+    t = torch.arange(6.0)
+    on_device = torch.linspace(-1, 1, 4, dtype=torch.float64).to(device) if torch.float64 in supported_dtypes(dt)[0] \
+        else torch.linspace(-1, 1, 4).to(device)
+    must(lambda: setattr(t, "data", on_device), "cpu_tensor.data = device_tensor")
+    check("TP-SHALLOW-001.2", t.device == device and t.dtype == on_device.dtype and t.shape == on_device.shape,
+          f"after cpu_tensor.data = a {on_device.dtype} tensor on {device}, the tensor is {t.dtype} "
+          f"{tuple(t.shape)} on {t.device}")
+    check("TP-SHALLOW-001.2", t.untyped_storage().data_ptr() == on_device.untyped_storage().data_ptr(),
+          "after cpu_tensor.data = device_tensor, the tensor does not share the device tensor's storage")
+    back = torch.arange(5.0)
+    must(lambda: setattr(t, "data", back), "device_tensor.data = cpu_tensor")
+    check("TP-SHALLOW-001.2", t.device.type == "cpu" and torch.equal(t, back),
+          f"after device_tensor.data = a CPU tensor, the tensor is on {t.device} with {t}")
+
+
+# decides TP-SHALLOW-001.3
+@contract("TP-SHALLOW-001")
+def test_module_to_keeps_parameter_objects(dt, n):
+    model = torch.nn.Linear(3, 2)
+    model.weight.grad = torch.ones(2, 3)
+    before = {name: p for name, p in model.named_parameters()}
+    values = {name: p.detach().clone() for name, p in before.items()}
+    must(lambda: model.to(torch.device(dt, n - 1)), "Module.to(device)")
+    for name, p in model.named_parameters():
+        check("TP-SHALLOW-001.3", p is before[name],
+              f"Module.to(device) replaced the Parameter {name!r} by a new object instead of swapping its data "
+              "(as it does for CUDA): references taken before the move, such as an optimizer's, are stale")
+        check("TP-SHALLOW-001.3", p.device == torch.device(dt, n - 1) and torch.equal(p.detach().cpu(), values[name]),
+              f"after Module.to(device), {name} is on {p.device} with other values")
+    grad = model.weight.grad
+    check("TP-SHALLOW-001.3", grad is not None and grad.device == torch.device(dt, n - 1),
+          f"after Module.to(device) the weight's gradient is on {None if grad is None else grad.device}")
+
+
+# ------------------------------------------------------- the claimed dtypes
+
+CONVERSION_VALUES = [0, 1, 2, 3, 5, 0, 1, 7]
+
+
+def _same_values(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return False
+    if torch.equal(bits(got), bits(expected)):
+        return True
+    if got.dtype.is_floating_point or got.dtype.is_complex:  # NaN payloads may differ
+        wide = torch.complex128 if got.dtype.is_complex else torch.float64
+        a, b = got.to(wide), expected.to(wide)
+        return bool(torch.all((a == b) | (torch.isnan(a) & torch.isnan(b))))
+    return False
+
+
+def _show(t: torch.Tensor) -> str:
+    try:
+        return str((t.to(torch.complex128) if t.dtype.is_complex else t.to(torch.float64)).tolist())
+    except Exception:  # noqa: BLE001 - dtypes that convert to nothing: their bytes
+        return f"bytes {bits(t).tolist()}"
+
+
+def _capabilities(dt: str, n: int) -> dict[int, tuple[list[torch.dtype], str]]:
+    result = {}
+    for index in sorted({0, n - 1}):
+        try:
+            claimed = torch.accelerator.get_device_capability(torch.device(dt, index))["supported_dtypes"]
+            result[index] = (sorted(claimed, key=str), " (from get_device_capability())")
+        except Exception as e:  # noqa: BLE001 - then the basic dtypes are checked, and the note says why
+            result[index] = (list(BASIC_DTYPES), f" (get_device_capability() raised {type(e).__name__}: the basic "
+                                                 "dtypes were checked)")
+    return result
+
+
+# decides TP-CAP-001.1
+@contract("TP-CAP-001")
+def test_claimed_dtypes_allocate(dt, n):
+    problems = []
+    for index, (dtypes, note) in _capabilities(dt, n).items():
+        device = torch.device(dt, index)
+        for dtype in dtypes:
+            try:
+                torch.empty(3, 5, dtype=dtype, device=device)
+                zeros = torch.zeros(6, dtype=dtype, device=device).cpu()
+            except Exception as e:  # noqa: BLE001 - collected, reported below
+                problems.append(f"{dtype} on {device}{note}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            if not _same_values(zeros, torch.zeros(6, dtype=dtype)):
+                problems.append(f"torch.zeros(6, dtype={dtype}) on {device} reads back as {_show(zeros)}")
+    check("TP-CAP-001.1", not problems, lambda: "claimed dtypes cannot be allocated:\n  " + "\n  ".join(problems[:30]))
+
+
+# decides TP-CAP-001.2
+@contract("TP-CAP-001")
+def test_claimed_dtypes_convert_on_the_device(dt, n):
+    warnings.filterwarnings("ignore", message="ComplexHalf support is experimental")
+    warnings.filterwarnings("ignore", message="Casting complex values to real")
+    problems = []
+    for index, (dtypes, note) in _capabilities(dt, n).items():
+        device = torch.device(dt, index)
+        for source_dtype in dtypes:
+            source = torch.tensor(CONVERSION_VALUES, dtype=torch.float32)
+            try:
+                source = source.to(source_dtype)
+            except Exception:  # noqa: BLE001 - no value can be built for it: made of zero bytes
+                source = torch.zeros(len(CONVERSION_VALUES) * source_dtype.itemsize, dtype=torch.uint8).view(source_dtype)
+            on_device = must(lambda: source.to(device), f"moving a {source_dtype} tensor to {device}")
+            for target_dtype in dtypes:
+                try:
+                    got = on_device.to(target_dtype).cpu()
+                except Exception as e:  # noqa: BLE001 - collected, reported below
+                    problems.append(f"{source_dtype} -> {target_dtype} on {device}{note}: {type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:160]}")
+                    continue
+                try:
+                    expected = source.to(target_dtype)
+                except Exception:  # noqa: BLE001 - the device converts what the CPU cannot: not this clause's
+                    continue
+                if not _same_values(got, expected):
+                    problems.append(f"{source_dtype} -> {target_dtype} on {device}: {_show(got)}, "
+                                    f"on CPU {_show(expected)}")
+    check("TP-CAP-001.2", not problems,
+          lambda: f"{len(problems)} conversions between claimed dtypes fail on the device (get_device_capability "
+                  "documents supported dtypes as convertible to each other):\n  " + "\n  ".join(problems[:30]))

@@ -129,15 +129,18 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceCapability getDeviceCapability(Device device) const override {
     check_type(device);
     resolve_device_index(device.index());
-    // A dtype is claimed when its tensors can be created on the device and
-    // copied to and from it, contiguous or strided: the device's kernels are
-    // the CPU's, so that is every dtype CPU copy_ implements. Not claimed:
+    // torch.accelerator.get_device_capability documents a supported dtype
+    // as one whose tensors can be allocated on the device and converted to
+    // and from the other supported dtypes. The device's kernels are the
+    // CPU's, so that is every dtype CPU copy_ converts. Not claimed:
     //  * the quantized dtypes (the CPU fallback cannot rebuild quantizers);
     //  * the sub-byte integers int1..int7 and uint1..uint7, placeholders
-    //    without any kernel (a strided copy of one fails on the CPU too).
-    // The bits and float4 dtypes are claimed: they copy (strided too), but
-    // like on the CPU they do not convert to other dtypes.
-    c10::DeviceCapability capability;
+    //    without any kernel;
+    //  * the bits dtypes and float4_e2m1fn_x2: they can be allocated and
+    //    copied as they are, but convert to no other dtype, on the CPU either.
+    c10::DeviceCapability capability;  // every dtype claimed
+    // Mutant capability-claims-every-dtype: the default-constructed answer.
+    if (mutant::is("capability-claims-every-dtype")) return capability;
     auto& types = capability.capability_data.supported_scalar_types;
     types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = 0;
     types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
@@ -145,6 +148,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     types.has_Int5 = types.has_Int6 = types.has_Int7 = 0;
     types.has_UInt1 = types.has_UInt2 = types.has_UInt3 = types.has_UInt4 = 0;
     types.has_UInt5 = types.has_UInt6 = types.has_UInt7 = 0;
+    types.has_Bits1x8 = types.has_Bits2x4 = types.has_Bits4x2 = 0;
+    types.has_Bits8 = types.has_Bits16 = 0;
+    types.has_Float4_e2m1fn_x2 = 0;
     return capability;
   }
 

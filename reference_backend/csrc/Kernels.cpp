@@ -151,7 +151,11 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // ------------------------------------------------------------------ copies
 
+// A tensor whose bytes can be moved as they are: contiguous, and no
+// negation or conjugation bit to apply on the way (mutant
+// copy-ignores-neg-conj-bits: the bits are forgotten).
 bool plain_layout(const at::Tensor& t) {
+  if (mutant::is("copy-ignores-neg-conj-bits")) return t.is_contiguous();
   return t.is_contiguous() && !t.is_conj() && !t.is_neg();
 }
 
@@ -382,9 +386,33 @@ void record_stream_op(at::Tensor& self, c10::Stream stream) {
   record_stream(self.storage().data_ptr(), stream);
 }
 
+// ------------------------------------------------------- shallow copies
+
+// `cpu_tensor.data = device_tensor` (and Module.to, which swaps parameters'
+// data) asks whether the two TensorImpls may be shallow-copied into each
+// other. TensorImpl's own answer only knows PyTorch's in-tree dense
+// backends, and c10/core/TensorImpl.h leaves the answer for PrivateUse1 to
+// the backend: dense strided OpenReg and CPU tensors are compatible, as
+// dense CUDA and CPU tensors are; anything else keeps PyTorch's answer.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](c10::DispatchKeySet keys) {
+    constexpr auto backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit});
+    return keys.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && keys.has_any(backends);
+  };
+  const c10::DispatchKeySet self_keys = self.key_set();
+  const c10::DispatchKeySet from_keys = from.key_set();
+  if (dense(self_keys) && dense(from_keys)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from_keys);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Mutant shallow-copy-type-unregistered: PyTorch's answer (false) stays.
+  if (!mutant::is("shallow-copy-type-unregistered")) {
+    m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  }
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
@@ -400,6 +428,26 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream_op));
   m.impl("native_dropout", TORCH_FN(native_dropout));
+}
+
+// Negative and conjugate views. PyTorch's Negative and Conjugate fallbacks
+// materialize such a tensor before any operator they do not know runs: with
+// clone(), i.e. copy_, which for an OpenReg tensor calls _copy_from, which
+// they do not know either, so it would materialize its argument again, with
+// clone(), forever (a stack overflow). OpenReg's copies apply the bits
+// themselves (plain_layout above: the kernel runs CPU copy_ on aliases that
+// keep the bits), so the two operators pass both fallbacks by. Mutant
+// neg-conj-copy-recurses: they do not.
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  if (mutant::is("neg-conj-copy-recurses")) return;
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  if (mutant::is("neg-conj-copy-recurses")) return;
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace openreg
