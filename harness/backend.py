@@ -27,6 +27,7 @@ make asynchronous observations deterministic); no check needs them.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -146,6 +147,40 @@ def find_profile(name: str) -> dict[str, Any] | None:
     return None
 
 
+def autoload_declarations() -> list[str]:
+    """The ``torch.backends`` entry points installed here: what ``import torch``
+    loads unless TORCH_DEVICE_BACKEND_AUTOLOAD is set to anything but 1."""
+    try:
+        return [f"{ep.name} = {ep.value}" + (f" ({ep.dist.metadata['Name']})" if getattr(ep, "dist", None) else "")
+                for ep in metadata.entry_points(group="torch.backends")]
+    except Exception:  # noqa: BLE001 - broken metadata must not hide the real error
+        return []
+
+
+def autoload_distributions() -> list[str]:
+    """The names of the distributions that declare ``torch.backends`` entry points."""
+    try:
+        return [ep.dist.metadata["Name"] for ep in metadata.entry_points(group="torch.backends")
+                if getattr(ep, "dist", None) is not None]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def already_claimed(claimed: str, module_name: str) -> str:
+    """Why `module_name` cannot be loaded: `claimed` holds PrivateUse1."""
+    return (f"PrivateUse1 is already claimed by {claimed!r} in this process, before {module_name!r} "
+            f"was imported (only one PrivateUse1 backend can be loaded). {_autoload_hint()}")
+
+
+def _autoload_hint() -> str:
+    declared = autoload_declarations()
+    autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
+    if declared and autoload:
+        return (f"import torch autoloaded {', '.join(declared)} (entry point group torch.backends): "
+                "set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to test another backend")
+    return "Is a conftest.py, a plugin or a .pth file importing another backend?"
+
+
 def _distribution_of(module_name: str) -> str | None:
     """The installed distribution that provides `module_name`'s top-level
     package (None for a module found on the path, outside any distribution)."""
@@ -184,10 +219,7 @@ def load(name: str, manifest_path: str | Path | None = None, registry: Registry 
 
     claimed = torch._C._get_privateuse1_backend_name()
     if claimed != "privateuseone" and module_name not in sys.modules:
-        raise BackendError(
-            f"PrivateUse1 is already claimed by {claimed!r} in this process, before {module_name!r} "
-            "was imported (only one PrivateUse1 backend can be loaded; is a conftest.py or "
-            "an autoloaded backend importing another one?)")
+        raise BackendError(already_claimed(claimed, module_name))
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - a broken backend must give a clear error

@@ -8,6 +8,10 @@ runs the installed suite, from any folder.
 
 What it does for a run:
 
+* turns PyTorch's backend autoload off for the run unless the environment
+  sets TORCH_DEVICE_BACKEND_AUTOLOAD (the kit imports the backend under test
+  itself: another installed backend's autoload must not claim PrivateUse1
+  first; AL-LOAD-001 checks autoload in fresh interpreters with it on);
 * resolves and imports the backend in the (warm) parent process, after
   checking in a throw-away process that importing it does not crash;
 * requires every test to declare its contracts with
@@ -71,6 +75,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run although the installed torch is outside the range the kit supports")
 
 
+AUTOLOAD_SWITCH = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Before any conftest can import torch: no autoload for a run (see the
+    module's docstring). Children and helper processes inherit the setting."""
+    if getattr(early_config.known_args_namespace, "backend", None):
+        os.environ.setdefault(AUTOLOAD_SWITCH, "0")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARKER}(*ids): the contract IDs (conformance/contracts.toml) a test checks; the first is "
@@ -96,7 +110,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def _preflight_import(module_name: str) -> None:
     """Import the backend in a throw-away process first: a backend that crashes
     or hangs on import must give a clear message, not kill the run silently."""
-    code = f"import torch, importlib; importlib.import_module({module_name!r})"
+    code = ("import importlib, sys, torch\n"
+            "claimed = torch._C._get_privateuse1_backend_name()\n"
+            f"if claimed != 'privateuseone' and {module_name!r} not in sys.modules:\n"
+            "    print('CLAIMED ' + claimed)\n"
+            "    sys.exit(3)\n"
+            f"importlib.import_module({module_name!r})\n")
     try:
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 timeout=PREFLIGHT_TIMEOUT)
@@ -104,6 +123,9 @@ def _preflight_import(module_name: str) -> None:
         raise pytest.UsageError(
             f"importing the backend module {module_name!r} did not finish within "
             f"{PREFLIGHT_TIMEOUT:g} s (hang on import)") from None
+    claimed = [line[len("CLAIMED "):] for line in result.stdout.splitlines() if line.startswith("CLAIMED ")]
+    if result.returncode == 3 and claimed:  # (another backend, e.g. autoloaded by import torch)
+        raise pytest.UsageError(backend_mod.already_claimed(claimed[0], module_name))
     if result.returncode != 0:
         cause = (f"was killed by signal {-result.returncode}" if result.returncode < 0
                  else f"failed (exit status {result.returncode})")

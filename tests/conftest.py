@@ -9,8 +9,17 @@ crashes); ``run_json`` does the same for a child that prints one JSON object.
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# OpenReg declares a torch.backends entry point: without this, import torch
+# would load it in this process and in every subprocess, and the fixture
+# backends (pu1_minimal, pu1_faulty, pu1_sync) could not claim PrivateUse1.
+# The tests of autoload turn it on in their own subprocesses
+# (test_autoload.py); the kit's runs turn it off the same way (harness/plugin.py).
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from _support import N
 

@@ -9,7 +9,9 @@ the matrix products only (bfloat16 preferred), and it ships no
 instrumentation module. It implements every contract; the kit must give it
 no failure of any kind and the level it claims, with two devices and with
 one (multi-device is an optional feature); with two devices every verdict is
-a pass.
+a pass, but for autoload: pu1_sync is no installed distribution, so its
+manifest lists autoload as unclaimed, and the last test here installs it
+with an entry point.
 """
 
 from __future__ import annotations
@@ -71,6 +73,36 @@ def test_its_verdicts_are_earned_not_skipped(which, request):
     assert not undecided, undecided
     not_claimed = {c for c, v in verdicts.items() if v == "not-claimed"}
     features = {c["id"]: set(c["unclaimed_features"]) for c in run.report["contracts"]}
-    expected = set() if which == "two_devices" else {"multi-device"}
+    expected = {"autoload"} if which == "two_devices" else {"autoload", "multi-device"}
     wrong = {c: features[c] for c in not_claimed if not features[c] or not features[c] <= expected}
     assert not wrong, f"not-claimed for other reasons than {expected}: {wrong}"
+
+
+def _installed_pu1_sync(folder, entry_point: bool):
+    """pu1_sync as an installed distribution (a dist-info folder on the path),
+    with or without a torch.backends entry point, and a manifest that claims
+    every feature."""
+    info = folder / "site" / "pu1_sync-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pu1-sync\nVersion: 0.1.0\n")
+    (info / "top_level.txt").write_text("pu1_sync\n")
+    if entry_point:  # (the target does nothing: importing pu1_sync does the work)
+        (info / "entry_points.txt").write_text("[torch.backends]\npu1_sync = pu1_sync:_autoload\n")
+    manifest = folder / "manifest.toml"
+    manifest.write_text('[backend]\nname = "pu1_sync"\nclaims = "full"\n')
+    return run_suite("pu1_sync", folder, f"--manifest={manifest}", "--contract=AL-LOAD-001",
+                     env={"PYTHONPATH": str(folder / "site")})
+
+
+def test_autoload_passes_with_an_entry_point_and_fails_without(tmp_path):
+    """OpenReg, installed here, declares one too (and yields to pu1_sync's)."""
+    (tmp_path / "with").mkdir()
+    declared = _installed_pu1_sync(tmp_path / "with", entry_point=True)
+    assert declared.report is not None, declared.stdout[-3000:] + declared.stderr[-3000:]
+    assert not _unfair(declared), _unfair(declared)
+    assert declared.verdicts()["AL-LOAD-001"] == "pass", declared.contract("AL-LOAD-001")
+    (tmp_path / "without").mkdir()
+    missing = _installed_pu1_sync(tmp_path / "without", entry_point=False)
+    assert missing.verdicts()["AL-LOAD-001"] == "fail", missing.contract("AL-LOAD-001")
+    message = missing.contract("AL-LOAD-001")["tests"][0]["message"]
+    assert "'pu1-sync' declares no entry point in the group torch.backends" in message, message

@@ -4,8 +4,9 @@
 ``openreg``: it loads the C++ backend (device guard, hooks, allocators,
 generators, kernels), renames the key, registers this module as
 ``torch.openreg`` and generates ``Tensor.openreg()`` / ``Tensor.is_openreg``
-and friends. Nothing claims the key by autoload: importing PyTorch alone
-never activates OpenReg.
+and friends. ``import torch`` runs this import itself through OpenReg's
+``torch.backends`` entry point (see ``openreg_autoload``; off with
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` or ``OPENREG_AUTOLOAD=0``).
 
 Devices are configured once per process by environment variables, read when
 this module is first imported:

@@ -14,6 +14,8 @@ SELECTED: str | None = os.environ.get("OPENREG_MUTANT") or None
 # conformance/mutants.toml by tests/test_mutants.py.
 KNOWN: frozenset[str] = frozenset({
     "amp-dtypes-empty",
+    "autoload-does-nothing",  # (read by openreg_autoload, which runs before this module)
+    "autoload-initializes-device",
     "availability-initializes",  # (also in C++: the hooks' isAvailable)
     "default-autocast-dtype-unadvertised",
     "device-context-leaks-on-exception",
