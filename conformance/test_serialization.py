@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import io
+import pickle
 
 import pytest
 import torch
 
-from ._helpers import must, must_raise
+from ._helpers import check, must, must_raise, scope
 
 contract = pytest.mark.contract
 
@@ -149,3 +150,79 @@ def test_map_location_to_another_device(dt, mod, n, two_devices):
         loaded = load(buffer, f"torch.load(map_location={spelling!r})", map_location=spelling)
         check_same(loaded, original, torch.device(dt, last), f"torch.load(map_location={spelling!r})")
     assert mod.current_device() == 0, "torch.load with map_location changed the current device"
+
+
+# ------------------------------------------------------------ backend metadata
+
+
+def metadata_of(t: torch.Tensor, what: str) -> dict:
+    return must(lambda: torch._utils.get_tensor_metadata(t), f"torch._utils.get_tensor_metadata of {what}")
+
+
+def holds(metadata: dict, expected: dict) -> bool:
+    return all(key in metadata and metadata[key] == value for key, value in expected.items())
+
+
+@pytest.fixture
+def declared(backend) -> dict:
+    """The metadata the manifest says the backend keeps (without it the
+    feature backend-metadata is not claimed and these tests do not run)."""
+    return dict(backend.manifest.backend_metadata)
+
+
+@contract("SR-META-001")
+def test_tensors_without_metadata_report_none(dt):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.arange(6.0, device=dt)
+    with scope("SR-META-001.1"):
+        with FakeTensorMode():
+            fake = torch.empty(2, 3, device=dt)
+    for what, t in (("a new tensor", x), ("a view", x.view(2, 3)[1]), ("an operator's result", x * 2),
+                    ("a FakeTensor on the device", fake)):
+        with scope("SR-META-001.1"):
+            got = metadata_of(t, what)
+        check("SR-META-001.1", got == {}, f"get_tensor_metadata of {what} returned {got!r}, not {{}}")
+
+
+@contract("SR-META-001")
+def test_set_metadata_is_read_back(dt, declared):
+    x, other = torch.arange(6.0, device=dt), torch.arange(6.0, device=dt)
+    with scope("SR-META-001.2"):
+        must(lambda: torch._utils.set_tensor_metadata(x, dict(declared)),
+             f"torch._utils.set_tensor_metadata(t, {declared!r})")
+    got = metadata_of(x, "the tensor")
+    check("SR-META-001.2", holds(got, declared),
+          f"after set_tensor_metadata(t, {declared!r}) on a device tensor, get_tensor_metadata(t) returned {got!r}")
+    untouched = metadata_of(other, "another tensor")
+    check("SR-META-001.2", not any(key in untouched for key in declared),
+          f"setting metadata on one tensor gave another tensor {untouched!r}")
+
+
+@contract("SR-META-001")
+def test_save_load_and_pickle_restore_metadata(dt, declared):
+    x = torch.arange(6.0, device=dt)
+    torch._utils.set_tensor_metadata(x, dict(declared))
+    module = torch.nn.Linear(3, 2).to(dt)
+    torch._utils.set_tensor_metadata(module.weight, dict(declared))
+    with scope("SR-META-001.3"):
+        loaded = load(save({"t": x, "state": module.state_dict()}), "torch.load of tensors with metadata")
+        unpickled = must(lambda: pickle.loads(pickle.dumps(x)), "pickle of a device tensor with metadata")
+    for what, t in (("torch.load of a tensor", loaded["t"]), ("torch.load of a state_dict's weight",
+                                                              loaded["state"]["weight"]),
+                    ("pickle", unpickled)):
+        got = metadata_of(t, what)
+        check("SR-META-001.3", t.device.type == dt and holds(got, declared),
+              f"after {what}, the tensor on {t.device} has metadata {got!r}, not the {declared!r} it was saved with")
+
+
+@contract("SR-META-001")
+def test_shallow_copies_keep_metadata(dt, declared):
+    x = torch.arange(6.0, device=dt)
+    torch._utils.set_tensor_metadata(x, dict(declared))
+    for what, make in (("t.detach()", x.detach), ("t.data", lambda: x.data),
+                       ("nn.Parameter(t)", lambda: torch.nn.Parameter(x))):
+        with scope("SR-META-001.4"):
+            copy = must(make, what)
+        got = metadata_of(copy, what)
+        check("SR-META-001.4", holds(got, declared), f"{what} has metadata {got!r}, not {declared!r}")

@@ -62,18 +62,30 @@ class Manifest:
     unclaimed: frozenset[str] = frozenset()
     expectations: Path | None = None
     instrumentation: str | None = None
+    # Backend metadata the backend keeps (torch._utils.set_tensor_metadata
+    # keys and values); declaring it claims the feature backend-metadata.
+    backend_metadata: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path, registry: Registry | None = None) -> Manifest:
         path = Path(path)
         data = read_toml(path, BackendError, "manifest")
         section = data.get("backend", {})
-        unknown = set(section) - {"name", "claims", "unclaimed", "expectations", "instrumentation"}
+        keys = {"name", "claims", "unclaimed", "expectations", "instrumentation", "backend_metadata"}
+        unknown = set(section) - keys
         if unknown or set(data) - {"backend"}:
             raise BackendError(
                 f"manifest {path}: unknown keys {sorted(unknown | (set(data) - {'backend'}))}; "
-                "expected [backend] with name, claims, unclaimed, expectations, instrumentation"
+                f"expected [backend] with {', '.join(sorted(keys))}"
             )
+        backend_metadata = section.get("backend_metadata", {})
+        if (not isinstance(backend_metadata, dict)
+                or not all(isinstance(k, str) and isinstance(v, bool) for k, v in backend_metadata.items())
+                or {"conj", "neg"} & set(backend_metadata)):
+            raise BackendError(
+                f"manifest {path}: backend_metadata must be a table of names to true/false (the keys "
+                f"torch._utils.set_tensor_metadata takes, other than PyTorch's conj and neg), "
+                f"got {backend_metadata!r}")
         claims = section.get("claims")
         if claims is not None and claims not in LEVELS:
             raise BackendError(f"manifest {path}: claims must be one of {LEVELS}, got {claims!r}")
@@ -93,6 +105,7 @@ class Manifest:
             unclaimed=unclaimed,
             expectations=(path.parent / expectations) if expectations else None,
             instrumentation=section.get("instrumentation"),
+            backend_metadata=dict(backend_metadata),
         )
 
 

@@ -186,11 +186,14 @@ class ConformanceSession:
         # questions): every test then reports it, and the run ends at once.
         self.setup_problem: str | None = None
         self.device_count, self.parent_initialized = self._probe_backend()
-        # Features the backend does not have: declared absent, or implied by
-        # the hardware (one device cannot show multi-device behaviour).
+        # Features the backend does not have: declared absent, implied by
+        # the hardware (one device cannot show multi-device behaviour), or
+        # not described (backend metadata needs the manifest's sample).
         self.unclaimed = set(manifest.unclaimed)
         if self.device_count < 2 and self.setup_problem is None:  # (unknown when the probe failed)
             self.unclaimed.add("multi-device")
+        if not manifest.backend_metadata:  # (only a declared sample can be checked)
+            self.unclaimed.add("backend-metadata")
         if self.setup_problem is None:
             self._warm()
         self.covered: set[str] = set()
@@ -419,6 +422,8 @@ class ConformanceSession:
         reason = f"not claimed: the backend does not claim feature(s) {', '.join(features)}"
         if "multi-device" in features and "multi-device" not in self.backend.manifest.unclaimed:
             reason += f" (it has {self.device_count} device(s); this needs 2)"
+        if "backend-metadata" in features and "backend-metadata" not in self.backend.manifest.unclaimed:
+            reason += " (its manifest declares no backend_metadata to check)"
         return reason
 
     def _not_run_report(self, item: pytest.Item, verdict: str, reason: str) -> pytest.TestReport:

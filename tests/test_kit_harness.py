@@ -219,10 +219,14 @@ def test_expectations_and_manifest_validation(tmp_path):
         with pytest.raises(expectations_mod.ExpectationsError):
             expectations_mod.load(bad, registry)
     for text in ('[backend]\nclaims = "expert"\n', '[backend]\nunclaimed = ["teleport"]\n',
-                 '[backend]\nunknown_key = 1\n'):
+                 '[backend]\nunknown_key = 1\n', '[backend]\nbackend_metadata = ["a"]\n',
+                 '[backend]\nbackend_metadata = { a = 1 }\n', '[backend]\nbackend_metadata = { conj = true }\n'):
         bad.write_text(text)
         with pytest.raises(backend_mod.BackendError):
             backend_mod.Manifest.load(bad, registry)
+    good = tmp_path / "good.toml"
+    good.write_text('[backend]\nbackend_metadata = { "xyz.format" = true, other = false }\n')
+    assert backend_mod.Manifest.load(good, registry).backend_metadata == {"xyz.format": True, "other": False}
 
 
 def _result(contract_id: str, level: str, verdicts: list[Verdict], unclaimed=()) -> model.ContractResult:
