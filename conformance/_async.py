@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ._helpers import in_thread, must
+from ._helpers import check, in_thread, must, scope
 
 # Elements of the background load's buffers (2 MiB of float32 per copy).
 LOAD_ELEMENTS = 1 << 19
@@ -218,3 +218,70 @@ def new_stream(dt: str, index: int = 0, **kwargs) -> torch.Stream:
     return must(lambda: torch.Stream(device=torch.device(dt, index), **kwargs),
                 f"torch.Stream(device='{dt}:{index}'{', ' if kwargs else ''}"
                 f"{', '.join(f'{k}={v}' for k, v in kwargs.items())})")
+
+
+# ------------------------------------------------------------ cross-stream order
+
+
+# How long a consumer may take to (wrongly) finish while its producer is held.
+CONSUMER_GRACE_S = 1.0
+
+
+def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current: bool, clause: str, what: str,
+                            consume: Callable[..., None] | None = None) -> None:
+    """The producer writes a target behind held work; the consumer waits (by
+    `make_consumer_wait`) and copies it. While the producer is held the
+    consumer must not have finished; once all is done it holds the result.
+
+    `consume(producer, consumer, consumed, produced)`, when given, replaces
+    the wait and the copy: it must make the consumer stream wait for the
+    producer and then copy `produced` on the consumer, into `consumed` or
+    into a new tensor that it returns (for example a compiled function
+    called with the consumer current). It runs once before the observation,
+    unheld, so that one-time work (tracing, compiling) is not mistaken for
+    the wait."""
+    load = Load(dt, 0)
+    producer = new_stream(dt, 0)
+    consumer = torch.accelerator.current_stream(0) if consumer_is_current else new_stream(dt, 0)
+    if consume is None:
+        def consume(producer, consumer, consumed, produced):
+            make_consumer_wait(producer, consumer)
+            with consumer:
+                consumed.copy_(produced)
+    else:
+        with scope(clause):
+            consume(producer, consumer, load.target(), load.target())
+        consumer.synchronize()
+    for scale in SCALES:
+        consumed = load.target()  # first: target() synchronizes the device
+        produced = load.target()
+        with hold(backend, producer, load, scale) as held:
+            with producer:
+                load.write(produced)
+            with scope(clause):
+                copied = consume(producer, consumer, consumed, produced)
+            if copied is not None:
+                consumed = copied
+            consumer_done = consumer.query()
+            if held.held:
+                # The producer is certainly held: give a consumer that does not
+                # wait the time to finish (its worker may not have run yet on a
+                # busy machine), so that a missing wait shows here, not only
+                # in a race after the hold ends. Bounded: a correct consumer
+                # never finishes while the producer is held.
+                deadline = time.monotonic() + CONSUMER_GRACE_S
+                while not consumer_done and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    consumer_done = consumer.query()
+            conclusive = held.held or not producer.query()
+            still_held = held.held
+        if still_held:
+            check(clause, not consumer_done,
+                  f"after {what}, the consumer stream finished while the producer was still held: the wait did not "
+                  "order the streams")
+        consumer.synchronize()
+        check(clause, load.is_final(consumed), f"after {what}, the consumer stream read the producer's result before "
+                                               "the producer finished: the wait did not order the streams")
+        producer.synchronize()
+        if conclusive:
+            break

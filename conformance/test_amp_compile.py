@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ._helpers import check, inconclusive, must
-from ._async import Load, hold, waited
+from ._helpers import check, inconclusive, must, scope
+from ._async import Load, check_producer_consumer, hold, new_stream, waited
 
 contract = pytest.mark.contract
 
@@ -284,3 +284,135 @@ def test_compiled_model_matches_eager(dt):
     grads = [p.grad.detach().cpu() for p in eager.parameters()]
     for got, want in zip(grads, grads_eager):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------- stream capture
+
+
+def stream_program(dt):
+    """Device-generic stream code as a user writes it: the current stream,
+    a stream context, a new stream, an event recorded on one stream and
+    waited for on another, wait_stream, record_event/wait_event."""
+
+    def program(x, side):
+        outer = torch.accelerator.current_stream()
+        with side:
+            inside = torch.accelerator.current_stream()
+            y = x * 2
+        event = torch.Event(device=dt)
+        event.record(side)
+        event.wait(outer)
+        outer.wait_stream(side)
+        marker = side.record_event()
+        outer.wait_event(marker)
+        fresh = torch.Stream(device=dt)
+        return y + 1, outer, inside, fresh
+
+    return program
+
+
+def compiled(function, what: str):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    return must(lambda: torch.compile(function, backend="aot_eager", fullgraph=True),
+                f"torch.compile({what}, backend='aot_eager', fullgraph=True)")
+
+
+def run_compiled(function, args, what: str):
+    """Run a compiled function; a graph break under fullgraph=True or an error
+    while tracing is the backend's failure of clause 1."""
+    with scope("DI-STREAM-001.1"):
+        return must(lambda: function(*args), f"calling torch.compile({what}, backend='aot_eager', fullgraph=True)")
+
+
+@contract("DI-STREAM-001")
+def test_compiled_stream_code_traces_and_matches_eager(dt):
+    program = stream_program(dt)
+    x = torch.arange(16, dtype=torch.float32).to(dt)
+    side = new_stream(dt, 0)
+    want = program(x, side)[0].cpu()
+    got = run_compiled(compiled(program, "stream code"), (x, side), "stream code")[0]
+    # decides DI-STREAM-001.1
+    check("DI-STREAM-001.1", got.device == torch.device(dt, 0), f"the compiled stream code returned a tensor on "
+                                                                 f"{got.device}")
+    torch.testing.assert_close(got.cpu(), want)
+    torch.accelerator.synchronize(0)
+
+
+@contract("DI-STREAM-001")
+def test_compiled_stream_code_sees_the_streams_of_the_call(dt, n):
+    """The streams in compiled code are those of each call, not those seen
+    while tracing: the current stream of the call's current device, the
+    stream a context entered, a new stream on the current device."""
+    program = compiled(stream_program(dt), "stream code")
+    last = n - 1
+    states = [("the default stream current", 0, False), ("a new stream current", 0, True)]
+    if last:
+        states += [(f"device {last} current", last, False), (f"a new stream of device {last} current", last, True)]
+    for label, index, fresh_current in states:
+        before = torch.accelerator.current_stream(0)
+        with torch.accelerator.device_index(index):
+            x = torch.arange(16, dtype=torch.float32).to(torch.device(dt, index))
+            side = new_stream(dt, index)
+            caller = new_stream(dt, index) if fresh_current else torch.accelerator.current_stream(index)
+            with caller:
+                got, outer, inside, fresh = run_compiled(program, (x, side), "stream code")
+                after_call = torch.accelerator.current_stream()
+            # decides DI-STREAM-001.2
+            check("DI-STREAM-001.2", outer == caller,
+                  f"with {label}, torch.accelerator.current_stream() in compiled code returned {outer!r}, not the "
+                  f"caller's current stream {caller!r}")
+            check("DI-STREAM-001.2", inside == side,
+                  f"with {label}, torch.accelerator.current_stream() inside `with side:` in compiled code returned "
+                  f"{inside!r}, not {side!r}")
+            check("DI-STREAM-001.2", after_call == caller,
+                  f"with {label}, the current stream after the compiled call is {after_call!r}, not {caller!r}: the "
+                  "compiled `with side:` did not restore it")
+            check("DI-STREAM-001.2", isinstance(fresh, torch.Stream) and fresh.device == torch.device(dt, index)
+                  and fresh not in (caller, side),
+                  f"with {label}, torch.Stream(device={dt!r}) in compiled code made {fresh!r}: expected a new "
+                  f"stream of {dt}:{index}")
+            torch.testing.assert_close(got.cpu(), (torch.arange(16, dtype=torch.float32) * 2 + 1))
+            torch.accelerator.synchronize(index)
+        check("DI-STREAM-001.2", torch.accelerator.current_stream(0) == before,
+              f"with {label}, the compiled call changed device 0's current stream")
+
+
+def compiled_consumer(dt, how: str):
+    """A compiled function that makes the current stream wait for `producer`
+    (by `how`) and then copies `produced` on it (a clone: PyTorch 2.13's
+    AOTAutograd cannot yet compile a wait_stream followed by the mutation of
+    an input, whatever the device)."""
+
+    def consume(produced, producer):
+        current = torch.accelerator.current_stream()
+        if how == "Stream.wait_stream":
+            current.wait_stream(producer)
+        elif how == "Event.record/Event.wait":
+            event = torch.Event(device=dt)
+            event.record(producer)
+            event.wait(current)
+        else:
+            current.wait_event(producer.record_event())
+        return produced.clone()
+
+    function = compiled(consume, f"a function that waits by {how}")
+
+    def run(producer, consumer, consumed, produced):
+        with consumer:
+            return run_compiled(function, (produced, producer), f"a function that waits by {how}")
+
+    return run
+
+
+# decides DI-STREAM-001.3
+@contract("DI-STREAM-001")
+@pytest.mark.parametrize("how", ["Stream.wait_stream", "Event.record/Event.wait", "Stream.record_event/wait_event"])
+@pytest.mark.parametrize("consumer_is_current", [False, True], ids=["new-consumer", "current-consumer"])
+def test_compiled_waits_order_the_streams(dt, backend, how, consumer_is_current):
+    """The compiled function runs once before the observation, so that
+    tracing and compiling are not mistaken for the wait."""
+    consume = compiled_consumer(dt, how)
+    check_producer_consumer(dt, backend, None, consumer_is_current, "DI-STREAM-001.3",
+                            f"a compiled function that waits by {how}", consume=consume)

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from ._async import SCALES, Load, current_streams, default_streams, hold, new_stream, poll, waited
+from ._async import SCALES, Load, check_producer_consumer, current_streams, default_streams, hold, new_stream, poll, waited
 from ._helpers import check, in_thread, must, scope
 
 contract = pytest.mark.contract
@@ -387,52 +387,6 @@ def test_synchronize_names_the_device(how, dt, n, cxx, backend):
 
 
 # ------------------------------------------------------------ cross-stream order
-
-
-# How long a consumer may take to (wrongly) finish while its producer is held.
-CONSUMER_GRACE_S = 1.0
-
-
-def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current: bool, clause: str, what: str) -> None:
-    """The producer writes a target behind held work; the consumer waits (by
-    `make_consumer_wait`) and copies it. While the producer is held the
-    consumer must not have finished; once all is done it holds the result."""
-    load = Load(dt, 0)
-    producer = new_stream(dt, 0)
-    consumer = torch.accelerator.current_stream(0) if consumer_is_current else new_stream(dt, 0)
-    for scale in SCALES:
-        consumed = load.target()  # first: target() synchronizes the device
-        produced = load.target()
-        with hold(backend, producer, load, scale) as held:
-            with producer:
-                load.write(produced)
-            with scope(clause):
-                make_consumer_wait(producer, consumer)
-            with consumer:
-                consumed.copy_(produced)
-            consumer_done = consumer.query()
-            if held.held:
-                # The producer is certainly held: give a consumer that does not
-                # wait the time to finish (its worker may not have run yet on a
-                # busy machine), so that a missing wait shows here, not only
-                # in a race after the hold ends. Bounded: a correct consumer
-                # never finishes while the producer is held.
-                deadline = time.monotonic() + CONSUMER_GRACE_S
-                while not consumer_done and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                    consumer_done = consumer.query()
-            conclusive = held.held or not producer.query()
-            still_held = held.held
-        if still_held:
-            check(clause, not consumer_done,
-                  f"after {what}, the consumer stream finished while the producer was still held: the wait did not "
-                  "order the streams")
-        consumer.synchronize()
-        check(clause, load.is_final(consumed), f"after {what}, the consumer stream read the producer's result before "
-                                               "the producer finished: the wait did not order the streams")
-        producer.synchronize()
-        if conclusive:
-            break
 
 
 @contract("ST-WAIT-001")
