@@ -5,7 +5,14 @@ GRU cells do not decompose into elementwise operators but call the fused
 kernels _thnn_fused_lstm_cell and _thnn_fused_gru_cell (and their
 backward kernels), which have no CPU kernel a CPU fallback could run. A
 backend has to implement them for nn.LSTM, nn.GRU, nn.LSTMCell and
-nn.GRUCell to run at all (nn.RNN decomposes and needs nothing)."""
+nn.GRUCell to run at all (nn.RNN decomposes and needs nothing).
+
+Attention: F.scaled_dot_product_attention must compute on the device what
+it computes on the CPU, whichever kernel the backend picks (OP-SDPA-001).
+The optional feature sdpa-override is PyTorch's extension point for an
+out-of-tree device's fused attention: the device's _fused_sdp_choice answers
+SDPBackend.OVERRIDEABLE and attention.cpp calls
+_scaled_dot_product_fused_attention_overrideable (OP-SDPA-002)."""
 
 from __future__ import annotations
 
@@ -125,3 +132,185 @@ def test_rnn_gradients(name, make, shape, state, dt, n):
     pairs = [(g, e) for g, e in zip(got, expected) if e is not None]
     _compare("OP-RNN-001.3", f"the gradients of {name} on {device} (input, initial state, parameters)",
              [g for g, _ in pairs], [e for _, e in pairs])
+
+
+# ------------------------------------------------------- attention (SDPA)
+
+# (name, query shape, key shape, value shape, keyword arguments). Keys
+# outnumber queries so that the causal mask is not square; the boolean
+# mask leaves every query at least one key (CPU's paths disagree about rows
+# that see none).
+def _sdpa_cases():
+    torch.manual_seed(3)
+    bool_mask = torch.rand(2, 1, 4, 5) > 0.4
+    bool_mask[..., 0] = True
+    return [
+        ("plain", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {}),
+        ("causal", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {"is_causal": True}),
+        ("float-mask", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {"attn_mask": torch.randn(4, 5)}),
+        ("bool-mask", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {"attn_mask": bool_mask}),
+        ("scale", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {"scale": 0.3}),
+        ("3-d", (3, 4, 8), (3, 6, 8), (3, 6, 8), {}),
+        ("head-transposed", (2, 4, 3, 8), (2, 5, 3, 8), (2, 5, 3, 8), {"transpose": True}),
+    ]
+
+
+SDPA_CASES = _sdpa_cases()
+
+
+def _sdpa_inputs(q_shape, k_shape, v_shape, kwargs, where, grad: bool):
+    """The case's inputs on `where` (leaves when `grad`), from one seed;
+    'transpose' makes (batch, sequence, heads, embedding) inputs into
+    non-contiguous (batch, heads, sequence, embedding) views, as models do."""
+    torch.manual_seed(4)
+    kwargs = dict(kwargs)
+    transpose = kwargs.pop("transpose", False)
+    leaves = [torch.randn(s).to(where).requires_grad_(grad) for s in (q_shape, k_shape, v_shape)]
+    qkv = [t.transpose(1, 2) if transpose else t for t in leaves]
+    kwargs = {k: (v.to(where) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return leaves, qkv, kwargs
+
+
+def _sdpa_run(case, where, grad: bool):
+    _, q_shape, k_shape, v_shape, kwargs = case
+    import torch.nn.functional as F
+
+    leaves, (q, k, v), kwargs = _sdpa_inputs(q_shape, k_shape, v_shape, kwargs, where, grad)
+    mask = kwargs.get("attn_mask")
+    if grad and mask is not None and mask.dtype != torch.bool:
+        mask = kwargs["attn_mask"] = mask.clone().requires_grad_()
+        leaves.append(mask)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if not grad:
+        return out, []
+    torch.manual_seed(5)
+    weight = torch.randn(out.shape).to(where)
+    return out, torch.autograd.grad((out * weight).sum(), leaves)
+
+
+# decides OP-SDPA-001.1
+@contract("OP-SDPA-001")
+@pytest.mark.parametrize("case", SDPA_CASES, ids=[c[0] for c in SDPA_CASES])
+def test_sdpa_forward(case, dt, n):
+    device = torch.device(dt, n - 1)
+    expected, _ = _sdpa_run(case, "cpu", grad=False)
+    got, _ = must(lambda: _sdpa_run(case, device, grad=False),
+                  f"F.scaled_dot_product_attention ({case[0]}) on {device}")
+    check("OP-SDPA-001.1", got.device == device, f"scaled_dot_product_attention on {device} returned a tensor on "
+                                                 f"{got.device}")
+    _compare("OP-SDPA-001.1", f"scaled_dot_product_attention ({case[0]}) on {device}", [got], [expected])
+    with torch.inference_mode():
+        got, _ = must(lambda: _sdpa_run(case, device, grad=False),
+                      f"F.scaled_dot_product_attention ({case[0]}) on {device} under torch.inference_mode")
+    _compare("OP-SDPA-001.1", f"scaled_dot_product_attention ({case[0]}) on {device} under torch.inference_mode",
+             [got], [expected])
+
+
+# decides OP-SDPA-001.2
+@contract("OP-SDPA-001")
+@pytest.mark.parametrize("case", SDPA_CASES, ids=[c[0] for c in SDPA_CASES])
+def test_sdpa_gradients(case, dt, n):
+    device = torch.device(dt, n - 1)
+    _, expected = _sdpa_run(case, "cpu", grad=True)
+    _, got = must(lambda: _sdpa_run(case, device, grad=True),
+                  f"the backward pass of scaled_dot_product_attention ({case[0]}) on {device}")
+    _compare("OP-SDPA-001.2", f"the gradients of scaled_dot_product_attention ({case[0]}) on {device} "
+                              "(query, key, value, float mask)", list(got), list(expected))
+
+
+# -- the extension point: _fused_sdp_choice -> OVERRIDEABLE
+
+OVERRIDEABLE_OP = "aten._scaled_dot_product_fused_attention_overrideable.default"
+
+
+def _ops_called(function) -> tuple[object, list[str]]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as record:
+        result = function()
+    return result, record.ops
+
+
+# decides OP-SDPA-002.1
+@contract("OP-SDPA-002")
+def test_sdpa_chooses_the_overrideable_kernel(dt, n):
+    from torch.nn.attention import SDPBackend
+    import torch.nn.functional as F
+
+    device = torch.device(dt, n - 1)
+    _, (q, k, v), _ = _sdpa_inputs((2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {}, device, grad=False)
+    choice = must(lambda: torch._fused_sdp_choice(q, k, v), f"torch._fused_sdp_choice on {device} inputs")
+    check("OP-SDPA-002.1", choice == int(SDPBackend.OVERRIDEABLE),
+          f"torch._fused_sdp_choice(query, key, value) on float32 {device} inputs is {choice}, not "
+          f"SDPBackend.OVERRIDEABLE ({int(SDPBackend.OVERRIDEABLE)}): register the device's choice with "
+          "REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, ...) and a PrivateUse1 kernel for "
+          "aten::_fused_sdp_choice")
+    _, ops = _ops_called(lambda: F.scaled_dot_product_attention(q, k, v))
+    check("OP-SDPA-002.1", OVERRIDEABLE_OP in ops,
+          f"F.scaled_dot_product_attention on {device} did not call {OVERRIDEABLE_OP} (it called "
+          f"{sorted(set(ops))})")
+
+
+# decides OP-SDPA-002.2
+@contract("OP-SDPA-002")
+@pytest.mark.parametrize("case", [c for c in SDPA_CASES if c[0] in ("plain", "causal", "float-mask", "scale")],
+                         ids=["plain", "causal", "float-mask", "scale"])
+def test_overrideable_kernel_matches_cpu(case, dt, n):
+    """The kernel called directly (as attention.cpp calls it, a float mask
+    as attn_bias) against CPU's scaled_dot_product_attention, forward and
+    through autograd's formula for it (the backward kernel)."""
+    device = torch.device(dt, n - 1)
+    name, q_shape, k_shape, v_shape, kwargs = case
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+
+    def run(where):
+        leaves, (q, k, v), kw = _sdpa_inputs(q_shape, k_shape, v_shape, kwargs, where, grad=True)
+        if "attn_mask" in kw:
+            kw["attn_mask"] = kw["attn_mask"].clone().requires_grad_()
+            leaves.append(kw["attn_mask"])
+        if where == "cpu":
+            import torch.nn.functional as F
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+        else:
+            out = op(q, k, v, kw.get("attn_mask"), 0.0, kw.get("is_causal", False), False,
+                     scale=kw.get("scale"))[0]
+        torch.manual_seed(5)
+        weight = torch.randn(out.shape).to(where)
+        return out, torch.autograd.grad((out * weight).sum(), leaves)
+
+    expected, expected_grads = run("cpu")
+    got, grads = must(lambda: run(device), f"{OVERRIDEABLE_OP} ({name}) on {device} and its backward")
+    _compare("OP-SDPA-002.2", f"{OVERRIDEABLE_OP} ({name}) on {device}", [got], [expected])
+    _compare("OP-SDPA-002.2", f"the gradients through {OVERRIDEABLE_OP} ({name}) on {device}", list(grads),
+             list(expected_grads))
+
+
+# decides OP-SDPA-002.3
+@contract("OP-SDPA-002")
+def test_sdpa_kernel_selection_is_respected(dt, n):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    device = torch.device(dt, n - 1)
+    _, (q, k, v), _ = _sdpa_inputs((2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {}, device, grad=False)
+    _, (qc, kc, vc), _ = _sdpa_inputs((2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {}, "cpu", grad=False)
+    expected = F.scaled_dot_product_attention(qc, kc, vc)
+    for allowed, wanted in (([SDPBackend.MATH], False), ([SDPBackend.OVERRIDEABLE], True)):
+        label = f"sdpa_kernel([{', '.join(f'SDPBackend.{b.name}' for b in allowed)}])"
+        with sdpa_kernel(allowed):
+            got, ops = must(lambda: _ops_called(lambda: F.scaled_dot_product_attention(q, k, v)),
+                            f"F.scaled_dot_product_attention on {device} under {label}")
+        check("OP-SDPA-002.3", (OVERRIDEABLE_OP in ops) == wanted,
+              f"under {label}, F.scaled_dot_product_attention on {device} "
+              f"{'did not call' if wanted else 'called'} {OVERRIDEABLE_OP}: the device's _fused_sdp_choice must "
+              "answer only a backend that torch.nn.attention.sdpa_kernel allows")
+        _compare("OP-SDPA-002.3", f"scaled_dot_product_attention on {device} under {label}", [got], [expected])
