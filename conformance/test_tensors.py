@@ -831,3 +831,117 @@ def test_claimed_dtypes_convert_on_the_device(dt, n):
     check("TP-CAP-001.2", not problems,
           lambda: f"{len(problems)} conversions between claimed dtypes fail on the device (get_device_capability "
                   "documents supported dtypes as convertible to each other):\n  " + "\n  ".join(problems[:30]))
+
+
+# ------------------------------------------------------------ quantized tensors
+
+QUANTIZED = [(torch.qint8, 0.05, 3), (torch.quint8, 0.05, 128), (torch.qint32, 0.001, -7)]
+QUANTIZED_IDS = ["qint8", "quint8", "qint32"]
+
+
+def _quantize(x: torch.Tensor, scale: float, zero_point: int, dtype: torch.dtype, what: str) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch 2.13 deprecates quantized dtypes, on every device
+        return must(lambda: torch.quantize_per_tensor(x, scale, zero_point, dtype), what)
+
+
+def _quantized_inputs() -> list[tuple[str, torch.Tensor]]:
+    """Float inputs from one seed: contiguous, non-contiguous, and values far
+    beyond every quantized range (saturation)."""
+    torch.manual_seed(6)
+    return [("contiguous", torch.randn(5, 7) * 3),
+            ("transposed", (torch.randn(7, 5) * 3).t()),
+            ("saturating", torch.randn(4, 6) * 1e7)]
+
+
+def _away_from_ties(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Where the integers of a correct quantization are unique: x / scale is
+    not within 1e-3 of a rounding tie (k + 0.5), and not between 2**24 and
+    2**31 in magnitude, where float32 (in which CPU computes) no longer holds
+    every integer and CPU's answer is rounded (qint32 only; beyond 2**31
+    every dtype saturates)."""
+    scaled = x * (1.0 / scale)
+    magnitude = scaled.abs()
+    return (((scaled - scaled.floor()) - 0.5).abs() > 1e-3) & ((magnitude < 2 ** 24) | (magnitude > 2 ** 31))
+
+
+def _same_quantized(clause: str, what: str, got: torch.Tensor, expected: torch.Tensor,
+                    where: torch.Tensor | None = None) -> None:
+    check(clause, got.is_quantized and got.dtype == expected.dtype,
+          f"{what} is {'a quantized ' if got.is_quantized else 'a non-quantized '}{got.dtype} tensor, expected a "
+          f"quantized {expected.dtype} one")
+    check(clause, got.qscheme() == torch.per_tensor_affine and got.q_scale() == expected.q_scale()
+          and got.q_zero_point() == expected.q_zero_point(),
+          f"{what} has qscheme {got.qscheme()}, scale {got.q_scale()}, zero point {got.q_zero_point()}; expected "
+          f"per_tensor_affine, {expected.q_scale()}, {expected.q_zero_point()}")
+    ints = must(lambda: got.int_repr().cpu(), f"{what}: int_repr().cpu()")
+    want = expected.int_repr()
+    check(clause, ints.shape == want.shape, f"{what}: int_repr() has shape {tuple(ints.shape)}, expected "
+                                            f"{tuple(want.shape)}")
+    same = ints == want
+    if where is not None:
+        same |= ~where
+    check(clause, bool(same.all()), lambda: f"{what}: {int((~same).sum())} of {same.numel()} integers differ from "
+                                            f"CPU's (for example {ints[~same][:4].tolist()} instead of "
+                                            f"{want[~same][:4].tolist()})")
+
+
+# decides TP-QUANT-001.1
+@contract("TP-QUANT-001")
+@pytest.mark.parametrize("dtype,scale,zero_point", QUANTIZED, ids=QUANTIZED_IDS)
+def test_quantize_per_tensor_matches_cpu(dtype, scale, zero_point, dt, n):
+    device = torch.device(dt, n - 1)
+    for label, x in _quantized_inputs():
+        what = f"torch.quantize_per_tensor({label} input on {device}, {scale}, {zero_point}, {dtype})"
+        expected = _quantize(x, scale, zero_point, dtype, "torch.quantize_per_tensor on the CPU")
+        got = _quantize(x.to(device), scale, zero_point, dtype, what)
+        check("TP-QUANT-001.1", got.device == device, f"{what} returned a tensor on {got.device}")
+        _same_quantized("TP-QUANT-001.1", what, got, expected, _away_from_ties(x, scale))
+        back = must(lambda: got.dequantize(), f"dequantize() of {what}")
+        check("TP-QUANT-001.1", back.device == device and back.dtype == torch.float32,
+              f"dequantize() of {what} is a {back.dtype} tensor on {back.device}, expected float32 on {device}")
+        # From the device's own integers: a rounding tie decided the other
+        # way must not count twice.
+        ints = got.int_repr().cpu().to(torch.float32)
+        want = (ints - zero_point) * scale
+        back = back.cpu()
+        check("TP-QUANT-001.1", torch.allclose(back, want, rtol=1e-6, atol=1e-6 * scale),
+              lambda: f"dequantize() of {what} differs from (int_repr - zero_point) * scale by up to "
+                      f"{(back - want).abs().max().item():.3g}")
+
+
+# decides TP-QUANT-001.2
+@contract("TP-QUANT-001")
+@pytest.mark.parametrize("dtype,scale,zero_point", QUANTIZED, ids=QUANTIZED_IDS)
+def test_quantized_tensors_copy_and_serialize(dtype, scale, zero_point, dt, n, tmp_path):
+    device = torch.device(dt, n - 1)
+    clause = "TP-QUANT-001.2"
+    _, x = _quantized_inputs()[0]
+    expected = _quantize(x, scale, zero_point, dtype, "torch.quantize_per_tensor on the CPU")
+    uploaded = must(lambda: expected.to(device), f"a quantized {dtype} CPU tensor .to({device})")
+    check(clause, uploaded.device == device, f"a quantized CPU tensor .to({device}) is on {uploaded.device}")
+    _same_quantized(clause, f"a quantized {dtype} CPU tensor .to({device})", uploaded, expected)
+    # The rest starts from CPU's integers, so that a quantization kernel's
+    # fault stays clause 1's.
+    got = uploaded
+    downloaded = must(lambda: got.cpu(), f"a quantized {dtype} {device} tensor .cpu()")
+    check(clause, downloaded.device.type == "cpu", f".cpu() of a quantized tensor is on {downloaded.device}")
+    _same_quantized(clause, f"a quantized {dtype} {device} tensor .cpu()", downloaded, expected)
+    _same_quantized(clause, f"clone() of a quantized {dtype} {device} tensor",
+                    must(lambda: got.clone(), f"clone() of a quantized {device} tensor"), expected)
+    _same_quantized(clause, f"the slice [1:4, ::2] of a quantized {dtype} {device} tensor",
+                    must(lambda: got[1:4, ::2], f"slicing a quantized {device} tensor"), expected[1:4, ::2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        empty = must(lambda: torch._empty_affine_quantized((2, 3), scale=scale, zero_point=zero_point, dtype=dtype,
+                                                           device=device),
+                     f"torch._empty_affine_quantized((2, 3), ..., dtype={dtype}, device={device})")
+    check(clause, empty.is_quantized and empty.device == device and empty.dtype == dtype
+          and empty.q_scale() == scale and empty.q_zero_point() == zero_point,
+          f"torch._empty_affine_quantized(..., device={device}) made a {empty.dtype} tensor on {empty.device} "
+          f"(quantized: {empty.is_quantized})")
+    path = tmp_path / "quantized.pt"
+    must(lambda: torch.save(got, path), f"torch.save of a quantized {device} tensor")
+    loaded = must(lambda: torch.load(path, weights_only=False), f"torch.load of a quantized {device} tensor")
+    check(clause, loaded.device == device, f"torch.load of a quantized {device} tensor gave one on {loaded.device}")
+    _same_quantized(clause, f"torch.load of a quantized {dtype} {device} tensor", loaded, expected)

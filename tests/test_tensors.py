@@ -322,3 +322,52 @@ def test_every_claimed_dtype_round_trips_contiguous_and_strided(dtype):
         torch.openreg.synchronize(i)
         assert torch.equal(back.view(torch.uint8), host.view(torch.uint8))
         assert torch.equal(back_t.view(torch.uint8), host.t().contiguous().view(torch.uint8))
+
+
+# ------------------------------------------------ quantized tensors, attention
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_quantized_tensors_live_on_the_device_they_are_made_for():
+    """new_qtensor allocates on the current device: OpenReg's kernels guard
+    the device asked for (the kit's TP-QUANT-001 found this)."""
+    last = N - 1
+    x = torch.randn(3, 4)
+    q = torch.quantize_per_tensor(x.to(f"openreg:{last}"), 0.1, 2, torch.qint8)
+    assert q.device == torch.device("openreg", last) and torch.accelerator.current_device_index() == 0
+    assert q.cpu().to(f"openreg:{last}").device == torch.device("openreg", last)
+    assert torch.equal(q.int_repr().cpu(), torch.quantize_per_tensor(x, 0.1, 2, torch.qint8).int_repr())
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("args,named", [((0.1, 0, torch.float32), "dtype"), ((0.0, 0, torch.qint8), "scale"),
+                                        ((0.1, 300, torch.quint8), "zero_point")])
+def test_quantize_per_tensor_rejects_bad_arguments(args, named):
+    x = torch.randn(3).to("openreg")
+    with pytest.raises(RuntimeError) as excinfo:
+        torch.quantize_per_tensor(x, *args)
+    assert named in error_text(excinfo)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_copying_between_quantized_and_float_tensors_is_refused():
+    q = torch.quantize_per_tensor(torch.randn(3).to("openreg"), 0.1, 0, torch.qint8)
+    with pytest.raises(RuntimeError):
+        torch.empty(3, device="openreg").copy_(q)
+
+
+def test_fused_attention_refuses_dropout_by_name():
+    q = torch.randn(1, 2, 3, 4).to("openreg")
+    with pytest.raises(RuntimeError) as excinfo:
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, q, q, None, 0.5)
+    assert "dropout_p" in error_text(excinfo)
+
+
+def test_attention_with_dropout_takes_the_math_path():
+    from torch.nn.attention import SDPBackend
+
+    q = torch.randn(1, 2, 3, 4).to("openreg")
+    assert torch._fused_sdp_choice(q, q, q) == int(SDPBackend.OVERRIDEABLE)
+    assert torch._fused_sdp_choice(q, q, q, dropout_p=0.5) == int(SDPBackend.MATH)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert out.shape == q.shape and out.device == q.device

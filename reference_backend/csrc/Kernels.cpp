@@ -5,6 +5,7 @@
 #include "DeviceManagement.h"
 #include "Exception.h"
 #include "Mutants.h"
+#include "Quantized.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -317,10 +318,21 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_
   if (!direct) dst.copy_(host);
 }
 
+}  // namespace
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.defined() && dst.defined(), "OpenReg: copy_: undefined tensor");
-  TORCH_CHECK(!self.is_quantized() && !dst.is_quantized(),
-              "OpenReg: quantized tensors are not supported");
+  if (self.is_quantized() || dst.is_quantized()) {
+    // ATen's copy_ has given dst src's quantizer: only the integers move.
+    TORCH_CHECK(self.is_quantized() && dst.is_quantized() && self.scalar_type() == dst.scalar_type(),
+                "OpenReg: copy_ between a ", self.scalar_type(), " and a ", dst.scalar_type(),
+                " tensor: a quantized tensor copies only to and from quantized tensors of its dtype "
+                "(quantize or dequantize first)");
+    // Mutant quantized-copy-skipped: nothing moves.
+    if (mutant::is("quantized-copy-skipped")) return dst;
+    copy_from(int_view(self), int_view(dst), non_blocking);
+    return dst;
+  }
   const bool src_device = self.device().type() == c10::DeviceType::PrivateUse1;
   const bool dst_device = dst.device().type() == c10::DeviceType::PrivateUse1;
   TORCH_CHECK((src_device || self.is_cpu()) && (dst_device || dst.is_cpu()),
@@ -337,6 +349,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   return dst;
 }
+
+namespace {
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   dst.resize_(self.sizes());
