@@ -12,7 +12,7 @@
 // forward's output and logsumexp.
 //
 // OpenReg's kernel is one pass over device operators: scores, the row
-// logsumexp, probabilities, output. The backward recomputes the
+// logsumexp (float32), probabilities, output. The backward recomputes the
 // probabilities from the logsumexp (as fused kernels do, instead of keeping
 // the L x S matrix). Half-precision inputs are computed in float32. Dropout
 // is not fused: for dropout_p > 0 the choice is the math path, which
@@ -25,9 +25,12 @@
 #include <ATen/SDPBackend.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <vector>
 #include <tuple>
 
 namespace openreg {
@@ -37,7 +40,7 @@ namespace {
 using at::SDPBackend;
 
 // Whether the fused kernel takes these inputs: same floating dtype,
-// at least 2-d, the same batch dimensions (no broadcasting), no dropout, the
+// 3-d or 4-d, the same batch dimensions (no broadcasting), no dropout, the
 // same number of heads (grouped-query attention goes to the math path).
 bool fused_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p) {
   if (q.is_nested() || k.is_nested() || v.is_nested()) return false;
@@ -46,7 +49,9 @@ bool fused_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
       v.scalar_type() != q.scalar_type()) {
     return false;
   }
-  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) return false;
+  // 3-d (heads, sequence, embedding) or 4-d (batch, heads, ...), as
+  // PyTorch's meta kernel for the operator assumes.
+  if ((q.dim() != 3 && q.dim() != 4) || k.dim() != q.dim() || v.dim() != q.dim()) return false;
   const auto batch = q.sizes().slice(0, q.dim() - 2);
   return batch.equals(k.sizes().slice(0, k.dim() - 2)) && batch.equals(v.sizes().slice(0, v.dim() - 2)) &&
          k.size(-1) == q.size(-1) && v.size(-2) == k.size(-2);
@@ -92,10 +97,29 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& at
   return s;
 }
 
-// exp(scores - logsumexp), with rows that see no key (logsumexp -inf) all zero.
+// exp(scores - logsumexp), with rows that see no key (logsumexp -inf) all
+// zero. `lse` has one value per row of `s`, in any shape.
 at::Tensor probabilities(const at::Tensor& s, const at::Tensor& lse) {
-  const at::Tensor row = lse.unsqueeze(-1);
+  const at::Tensor row = lse.to(s.scalar_type()).reshape(s.sizes().slice(0, s.dim() - 1)).unsqueeze(-1);
   return at::where(row.isneginf(), at::zeros({}, s.options()), (s - row).exp());
+}
+
+// `out` copied into a tensor whose dimensions are laid out in the order of
+// `like`'s strides (outermost first), as PyTorch's meta kernel allocates it.
+at::Tensor in_layout_of(const at::Tensor& like, const at::Tensor& out) {
+  std::vector<int64_t> order(like.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<int64_t> sizes(order.size());
+  std::vector<int64_t> back(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    sizes[i] = out.size(order[i]);
+    back[order[i]] = static_cast<int64_t>(i);
+  }
+  at::Tensor result = at::empty(sizes, out.options()).permute(back);
+  result.copy_(out);
+  return result;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor,
@@ -115,19 +139,25 @@ sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& v
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct);
   const at::Tensor bias = attn_bias.has_value() ? *attn_bias : at::Tensor();
   const at::Tensor s = scores(q, k, bias, is_causal, scale_of(query, scale));
-  at::Tensor lse = at::logsumexp(s, -1);
-  const at::Tensor p = probabilities(s, lse);
-  at::Tensor out = at::matmul(p, v).to(query.scalar_type());
+  const at::Tensor row_lse = at::logsumexp(s, -1);
+  const at::Tensor p = probabilities(s, row_lse);
+  // The shapes, dtypes and layout PyTorch's meta kernel promises (what
+  // torch.compile assumes): the output in the query's dimension order, the
+  // logsumexp as float32 [batch, heads, queries] (batch 1 for 3-d inputs),
+  // 0-d seed and offset.
+  at::Tensor out = in_layout_of(query, at::matmul(p, v).to(query.scalar_type()));
+  at::Tensor lse = row_lse.to(at::kFloat);
+  if (query.dim() == 3) lse = lse.unsqueeze(0);
   const auto none = query.options().dtype(at::kLong);
   return {out,
           lse,
-          at::empty({0}, none),
-          at::empty({0}, none),
+          at::Tensor(),
+          at::Tensor(),
           c10::SymInt(query.size(-2)),
           c10::SymInt(key.size(-2)),
-          at::empty({0}, none),
-          at::empty({0}, none),
-          return_debug_mask ? p.to(query.scalar_type()) : at::empty({0}, query.options())};
+          at::empty({}, none),
+          at::empty({}, none),
+          return_debug_mask ? p.to(query.scalar_type()) : at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
@@ -144,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct), g = grad_out.to(ct);
   const double factor = scale_of(query, scale);
   const at::Tensor s = scores(q, k, attn_bias, is_causal, factor);
-  const at::Tensor p = probabilities(s, logsumexp.to(ct));
+  const at::Tensor p = probabilities(s, logsumexp);
   // d(softmax): dS = P * (dP - rowsum(P * dP)).
   const at::Tensor dp = at::matmul(g, v.transpose(-2, -1));
   // Mutant sdpa-backward-drops-softmax-term: dS = P * dP.

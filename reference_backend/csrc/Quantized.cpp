@@ -33,11 +33,12 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/quantized/QTensorImpl.h>
-#include <c10/core/DeviceGuard.h>
 #include <ATen/quantized/Quantizer.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <utility>
 
 namespace openreg {
