@@ -171,7 +171,10 @@ def _sdpa_inputs(q_shape, k_shape, v_shape, kwargs, where, grad: bool):
     return leaves, qkv, kwargs
 
 
-def _sdpa_run(case, where, grad: bool):
+def _sdpa_run(case, where, grad: bool, attend=None):
+    """The case's attention on `where` (by `attend`, default
+    F.scaled_dot_product_attention) and, with `grad`, the gradients of a
+    weighted sum of it with respect to query, key, value and a float mask."""
     _, q_shape, k_shape, v_shape, kwargs = case
     import torch.nn.functional as F
 
@@ -180,7 +183,7 @@ def _sdpa_run(case, where, grad: bool):
     if grad and mask is not None and mask.dtype != torch.bool:
         mask = kwargs["attn_mask"] = mask.clone().requires_grad_()
         leaves.append(mask)
-    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    out = (attend or F.scaled_dot_product_attention)(q, k, v, **kwargs)
     if not grad:
         return out, []
     torch.manual_seed(5)
@@ -269,26 +272,15 @@ def test_overrideable_kernel_matches_cpu(case, dt, n):
     as attn_bias) against CPU's scaled_dot_product_attention, forward and
     through autograd's formula for it (the backward kernel)."""
     device = torch.device(dt, n - 1)
-    name, q_shape, k_shape, v_shape, kwargs = case
+    name = case[0]
     op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
 
-    def run(where):
-        leaves, (q, k, v), kw = _sdpa_inputs(q_shape, k_shape, v_shape, kwargs, where, grad=True)
-        if "attn_mask" in kw:
-            kw["attn_mask"] = kw["attn_mask"].clone().requires_grad_()
-            leaves.append(kw["attn_mask"])
-        if where == "cpu":
-            import torch.nn.functional as F
-            out = F.scaled_dot_product_attention(q, k, v, **kw)
-        else:
-            out = op(q, k, v, kw.get("attn_mask"), 0.0, kw.get("is_causal", False), False,
-                     scale=kw.get("scale"))[0]
-        torch.manual_seed(5)
-        weight = torch.randn(out.shape).to(where)
-        return out, torch.autograd.grad((out * weight).sum(), leaves)
+    def overrideable(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return op(q, k, v, attn_mask, 0.0, is_causal, False, scale=scale)[0]
 
-    expected, expected_grads = run("cpu")
-    got, grads = must(lambda: run(device), f"{OVERRIDEABLE_OP} ({name}) on {device} and its backward")
+    expected, expected_grads = _sdpa_run(case, "cpu", grad=True)
+    got, grads = must(lambda: _sdpa_run(case, device, grad=True, attend=overrideable),
+                      f"{OVERRIDEABLE_OP} ({name}) on {device} and its backward")
     _compare("OP-SDPA-002.2", f"{OVERRIDEABLE_OP} ({name}) on {device}", [got], [expected])
     _compare("OP-SDPA-002.2", f"the gradients through {OVERRIDEABLE_OP} ({name}) on {device}", list(grads),
              list(expected_grads))
