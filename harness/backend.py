@@ -18,6 +18,8 @@ A manifest (TOML, all keys optional) tells the kit what the backend claims::
     expectations = "known.toml"   # known failures (relative to the manifest)
     instrumentation = "torch_xyz.conformance_probe"   # optional probe module
 
+    [operators]                   # the operators area's claims (harness/operators.py)
+
 Contracts that need an unclaimed feature get the verdict not-claimed.
 The instrumentation module may define any of the functions in
 INSTRUMENTATION. They only sharpen checks (count what PyTorch cannot see,
@@ -35,6 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .operators import Claims, OperatorsError
 from .registry import LEVELS, Registry, read_toml
 
 ENTRY_POINT_GROUP = "privateuse1_conformance.backends"
@@ -65,6 +68,8 @@ class Manifest:
     # Backend metadata the backend keeps (torch._utils.set_tensor_metadata
     # keys and values); declaring it claims the feature backend-metadata.
     backend_metadata: dict[str, bool] = field(default_factory=dict)
+    # The operators area's claims ([operators]; harness/operators.py).
+    operators: Claims = field(default_factory=Claims)
 
     @classmethod
     def load(cls, path: str | Path, registry: Registry | None = None) -> Manifest:
@@ -73,11 +78,15 @@ class Manifest:
         section = data.get("backend", {})
         keys = {"name", "claims", "unclaimed", "expectations", "instrumentation", "backend_metadata"}
         unknown = set(section) - keys
-        if unknown or set(data) - {"backend"}:
+        if unknown or set(data) - {"backend", "operators"}:
             raise BackendError(
-                f"manifest {path}: unknown keys {sorted(unknown | (set(data) - {'backend'}))}; "
-                f"expected [backend] with {', '.join(sorted(keys))}"
+                f"manifest {path}: unknown keys {sorted(unknown | (set(data) - {'backend', 'operators'}))}; "
+                f"expected [backend] with {', '.join(sorted(keys))}, and optionally [operators]"
             )
+        try:
+            operators = Claims.from_table(data.get("operators", {}), f"manifest {path}")
+        except OperatorsError as e:
+            raise BackendError(str(e)) from None
         backend_metadata = section.get("backend_metadata", {})
         if (not isinstance(backend_metadata, dict)
                 or not all(isinstance(k, str) and isinstance(v, bool) for k, v in backend_metadata.items())
@@ -106,6 +115,7 @@ class Manifest:
             expectations=(path.parent / expectations) if expectations else None,
             instrumentation=section.get("instrumentation"),
             backend_metadata=dict(backend_metadata),
+            operators=operators,
         )
 
 

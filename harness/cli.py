@@ -1,7 +1,8 @@
 """privateuse1-conformance: the kit's command-line program.
 
     privateuse1-conformance run --backend NAME [--level L] [--manifest F] [--expectations F]
-                                [--report-dir D] [--contract ID ...] [-- PYTEST ARGS]
+                                [--report-dir D] [--contract ID ...] [--operators SELECTION]
+                                [-- PYTEST ARGS]
     privateuse1-conformance verify REPORT.json [--level L]
     privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
     privateuse1-conformance render REPORT.json [--report-dir D]
@@ -64,6 +65,8 @@ def _run(args: argparse.Namespace) -> int:
             pytest_args.append(f"--{option}={value}")
     if args.allow_untested_torch:
         pytest_args.append("--allow-untested-torch")
+    if args.operators:
+        pytest_args.append(f"--operators={args.operators}")
     pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
     pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
     if args.jobs and args.jobs > 1:
@@ -272,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-untested-torch", action="store_true",
                      help="run although the installed torch is outside the range the kit supports "
                           "(docs/vendor-guide.md)")
+    run.add_argument("--operators", default=None, metavar="SELECTION",
+                     help="the operators area's OpInfo entries: default (the operators most models use), all, "
+                          "none, or comma-separated names and patterns (docs/operators.md)")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
     run.add_argument("--contract", action="append", metavar="ID",
                      help="run only the tests of this contract (repeatable)")

@@ -51,6 +51,7 @@ class Mutant:
     description: str
     clauses: tuple[str, ...] = ()   # the clauses of those contracts it breaks
     ordering: bool = False          # its bug shows only while work is in flight (run repeatedly by the kit's tests)
+    operators: str = ""             # --operators for its run (a mutant of one operator need not run the area's subset)
 
 
 @dataclass
@@ -98,10 +99,14 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
             if contract_id not in ids or contract is None or not number.isdigit() \
                     or not 1 <= int(number) <= len(contract.clauses):
                 raise MutantRegistryError(f"{where}: clause {clause!r} is not a clause of its contracts {list(ids)}")
-        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering"}
+        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering", "operators"}
         if unknown_keys:
             raise MutantRegistryError(f"{where}: unknown keys {sorted(unknown_keys)}")
-        mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"], clauses, bool(entry.get("ordering", False)))
+        operators = entry.get("operators", "")
+        if not isinstance(operators, str):
+            raise MutantRegistryError(f"{where}: operators must be an --operators value (a string)")
+        mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"], clauses, bool(entry.get("ordering", False)),
+                                    operators)
     return MutantRegistry(path, backend, selector, mutants)
 
 
@@ -118,7 +123,7 @@ class Outcome:
 
 
 def _run_suite(backend: str, env: dict[str, str], contracts: list[str] | None,
-               timeout: float) -> tuple[dict | None, str]:
+               timeout: float, operators: str = "") -> tuple[dict | None, str]:
     """Run the suite in a fresh process; return (report, output tail)."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         args = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q",
@@ -126,6 +131,8 @@ def _run_suite(backend: str, env: dict[str, str], contracts: list[str] | None,
                 f"--contract-timeout={timeout}"]
         if contracts:
             args.append("--contract=" + ",".join(contracts))
+        if operators:
+            args.append(f"--operators={operators}")
         proc = subprocess.run(args, cwd=tmp, env={**os.environ, **env}, capture_output=True, text=True)
         report_file = Path(tmp) / "report" / "report.json"
         report = json.loads(report_file.read_text()) if report_file.exists() else None
@@ -157,7 +164,7 @@ def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float) -> Outc
     start = time.monotonic()
     env = {registry.selector_env: mutant.id}
     outcome = Outcome(mutant.id, list(mutant.contracts), "error")
-    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout)
+    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout, mutant.operators)
     if report is None:
         outcome.note = f"the run wrote no report:\n{tail}"
     else:

@@ -42,10 +42,13 @@ import pytest
 from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
-from . import isolation, registry as registry_mod, versions
+from . import isolation, operators as operators_mod, registry as registry_mod, versions
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
+# User properties of the operators area's tests (conformance/test_opinfo.py).
+OPERATOR_OUTCOMES = "operator_outcomes"
+OPERATOR_CELLS = "operator_cells"
 REQUIRES = "requires"
 DEFAULT_TIMEOUT = 60.0
 PREFLIGHT_TIMEOUT = 300.0
@@ -71,6 +74,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run each test in a forked child (default) or in-process (debugging only)")
     group.addoption("--contract-timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds before a test counts as hung (default {DEFAULT_TIMEOUT:g})")
+    group.addoption("--operators", default="default", metavar="SELECTION",
+                    help="the operators area's OpInfo entries: default (the operators most models use), all, "
+                         "none, or comma-separated names and fnmatch patterns (docs/operators.md)")
     group.addoption("--allow-untested-torch", action="store_true", default=False,
                     help="run although the installed torch is outside the range the kit supports")
 
@@ -199,6 +205,29 @@ class ConformanceSession:
         self.covered: set[str] = set()
         self.recorder = RunRecorder(self)
         self._start = time.time()
+
+    # --------------------------------------------------------- operators
+
+    @functools.cached_property
+    def _op_index(self) -> dict:
+        """OpInfo key -> entry (PyTorch's op_db, imported in the parent so
+        that every forked test shares it)."""
+        from privateuse1_conformance.conformance import _opinfo
+
+        return {_opinfo.op_key(op): op for op in _opinfo.load_op_db()}
+
+    def operator_keys(self) -> list[str]:
+        """The OpInfo entries this run checks (--operators)."""
+        if self.config.getoption("operators").strip() == "none":
+            return []
+        entries = [(key, op.name) for key, op in self._op_index.items()]
+        try:
+            return operators_mod.select(entries, self.config.getoption("operators"))
+        except operators_mod.OperatorsError as e:
+            raise pytest.UsageError(str(e)) from None
+
+    def operator(self, key: str):
+        return self._op_index[key]
 
     # ------------------------------------------------------------ helpers
 
@@ -406,6 +435,11 @@ class ConformanceSession:
         elif missing:
             reports = [self._not_run_report(item, "inconclusive", self._not_claimed_reason(missing).replace(
                 "not claimed:", "not applicable here:", 1))]
+        elif self._operator_not_claimed(item):
+            reason = self._operator_not_claimed(item)
+            report = self._not_run_report(item, "inconclusive", f"not claimed: {reason}")
+            report.user_properties.append((OPERATOR_CELLS, {"*": {"forward": ["not-claimed", reason, 0]}}))
+            reports = [report]
         elif self.isolation == "fork":
             reports = isolation.run_forked(item, self.timeout)
         else:
@@ -417,6 +451,14 @@ class ConformanceSession:
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def _operator_not_claimed(self, item: pytest.Item) -> str | None:
+        """Why the manifest does not claim the operator an operators-area test checks, or None."""
+        callspec = getattr(item, "callspec", None)
+        key = callspec.params.get("opinfo_key") if callspec else None
+        if key is None:
+            return None
+        return self.backend.manifest.operators.excluded(key, self.operator(key).name)
 
     def _not_claimed_reason(self, features: list[str]) -> str:
         reason = f"not claimed: the backend does not claim feature(s) {', '.join(features)}"
@@ -511,6 +553,11 @@ class ConformanceSession:
             if props["scope"][1]:
                 props["step"] = props["scope"][1]
         charges, note = self.charges(verdict, charged, contracts, unclaimed)
+        outcomes = props.get(OPERATOR_OUTCOMES)
+        if outcomes and report.when == "call":
+            # An operators-area test checks several contracts independently:
+            # each gets the outcome of its own checks (test_opinfo.per_contract).
+            charges = {c: outcomes[c][0] if c in outcomes else "inconclusive" for c in contracts}
         expected = []
         test_id = self.test_id(report.nodeid)
         for contract_id, charge in charges.items():

@@ -108,6 +108,9 @@ def rerun_options(session: ConformanceSession) -> list[str]:
         args.append(f"--level={config.getoption('level')}")
     if session.timeout != DEFAULT_TIMEOUT:
         args.append(f"--timeout={session.timeout:g}")
+    operators = config.getoption("operators", "default")
+    if operators and operators != "default":
+        args.append(f"--operators={operators}")
     session._rerun_options = args
     return args
 
@@ -160,7 +163,14 @@ class RunRecorder:
             test.clause = props.get("clause", "")
             test.step = props.get("step", "")
         # Per contract, likewise: the worst of the phases' charges.
-        for contract_id, (charge, text) in self._contract_outcomes(charges, verdict, message).items():
+        outcomes = self._contract_outcomes(charges, verdict, message)
+        operator_outcomes = props.get("operator_outcomes")
+        if operator_outcomes and report.when == "call":  # an operators-area test: each contract's own outcome
+            outcomes = {c: (charge, operator_outcomes.get(c, ["", ""])[1] or (
+                "" if charge is Verdict.PASS else
+                "no check of this contract had evidence for this operator (no sample, variant or error input "
+                "that applies, or nothing claimed)")) for c, (charge, _) in outcomes.items()}
+        for contract_id, (charge, text) in outcomes.items():
             before = test.verdicts.get(contract_id)
             if before is None or charge.severity > before.severity:
                 test.verdicts[contract_id] = charge

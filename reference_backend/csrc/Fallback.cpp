@@ -246,6 +246,29 @@ at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
   return result;
 }
 
+// Mutants that break single operators (the operators area must catch
+// each): a wrong result for one dtype, a backward that drops a term, an
+// in-place variant that writes a wrong result.
+void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args,
+                            torch::jit::Stack& results) {
+  if (results.empty() || !results[0].isTensor()) return;
+  const at::Tensor result = results[0].toTensor();
+  if (!result.defined()) return;
+  if (mutant::is("opinfo-mul-int32-off-by-one") && schema.name() == "aten::mul" &&
+      result.scalar_type() == at::kInt) {
+    result.add_(1);
+  } else if (mutant::is("opinfo-tanh-backward-drops-term") && schema.name() == "aten::tanh_backward" &&
+             args[0].isTensor()) {
+    result.copy_(args[0].toTensor());  // grad_output alone: the (1 - tanh^2) factor is dropped
+  } else if (mutant::is("opinfo-addcmul-inplace-off-by-one") && schema.name() == "aten::addcmul_" &&
+             result.is_floating_point()) {
+    result.add_(1);  // the in-place kernel only (see the registration of addcmul_ below)
+  } else if (mutant::is("opinfo-index-select-out-off-by-one") && schema.name() == "aten::index_select" &&
+             schema.overload_name() == "out" && result.is_floating_point()) {
+    result.add_(1);  // index_select has its own out= kernel: only out= is wrong
+  }
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
@@ -268,8 +291,24 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (size_t i = 0; i < num_args; ++i) {
         cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, generator_device));
       }
+      if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
+        // Reads the input as if it were contiguous (its storage, in order).
+        for (auto& arg : cpu_args) {
+          if (!arg.isTensor() || arg.toTensor().is_contiguous() || !arg.toTensor().defined()) continue;
+          const at::Tensor t = arg.toTensor();
+          arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
+        }
+      }
       results = cpu_args;
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
+      try {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
+      } catch (const c10::IndexError& e) {
+        // Mutant opinfo-roll-index-error-as-runtime-error: the exception loses its type.
+        TORCH_CHECK(!(mutant::is("opinfo-roll-index-error-as-runtime-error") && schema.name() == "aten::roll"),
+                    e.msg());
+        throw;
+      }
+      apply_operator_mutants(schema, cpu_args, results);
     }, /*wait=*/true);
   };
   try {
@@ -358,6 +397,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // through the out= kernel, which warns about resizing a non-empty output.
   m.impl("mse_loss", fallback());
   m.impl("smooth_l1_loss", fallback());
+  // Composite kernels that reach a DispatchStub or a device check with no
+  // PrivateUse1 entry (conj_physical_, mode), fail on empty inputs (linalg_qr
+  // asserts on a (5, 0) input), resize outputs the fallback hands them
+  // (linalg_lstsq), or compute in the input's precision where the CPU
+  // kernel does not (native_layer_norm's statistics of an empty float16
+  // input): the operators area found each (docs/operators.md).
+  m.impl("conj_physical_", fallback());
+  m.impl("mode.values", fallback());
+  m.impl("linalg_qr", fallback());
+  m.impl("linalg_lstsq", fallback());
+  m.impl("native_layer_norm", fallback());
+  // In place on the CPU alias of the device memory, rather than the
+  // composite's out-of-place computation and copy back.
+  m.impl("addcmul_", fallback());
 }
 
 // Autocast for OpenReg runs PyTorch's generic policy; operators without a

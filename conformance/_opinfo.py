@@ -1,0 +1,659 @@
+"""Operators checked against the CPU with PyTorch's OpInfo database.
+
+One OpInfo entry (an operator, or a variant of one such as
+``as_strided.partial_views``) is checked per test process, for every dtype
+the backend claims and the CPU supports. Samples are generated the way
+PyTorch's own device-generic tests generate them (``op.sample_inputs(device,
+dtype)``, seeded per sample, on the device, so that a sample function's
+device-dependent choices are the device's), copied to the CPU, and run on
+both sides. The checks, each the evidence of one clause:
+
+=============  ==============  ==================================================
+check          clause          what
+=============  ==============  ==================================================
+forward        OP-INFO-001.1   each sample's results: values, dtype and shape
+noncontiguous  OP-INFO-001.2   the same samples made non-contiguous on the device
+out            OP-INFO-002.1   ``out=``: the CPU's result written into, and
+                               returned as, the tensors given
+inplace        OP-INFO-002.2   the in-place variant: the CPU's result, in the
+                               input, which is returned
+backward       OP-INFO-003.1   gradients of every input for random output
+                               gradients (the same on both sides)
+errors         OP-INFO-004.1   OpInfo's error inputs raise the exception type
+                               the CPU raises
+=============  ==============  ==================================================
+
+Fairness. Values are compared within PyTorch's own tolerance for comparing
+a device with the CPU (``TestCommon.test_compare_cpu``: 1e-3 absolute and
+relative, or the operator's toleranceOverride for that test), widened for
+the reduced-precision dtypes to 8 units of their resolution (PyTorch's own
+composite kernels, which a backend without a kernel of its own runs, compute
+in the dtype and differ from the CPU's float-accumulating kernels by a few
+units). OpInfo's skips and expected failures for the corresponding PyTorch
+test apply when they hold for every device (``device_type`` unset): PyTorch
+itself says such a comparison is meaningless. Operators that draw random
+numbers (an aten operator tagged ``nondeterministic_seeded`` runs) are not
+compared by value: a device's generator need not reproduce the CPU's; their
+results must have the CPU's dtype and shape. Error checks compare the
+exception type only: wording is the backend's choice. A sample the CPU
+itself rejects is no evidence and is skipped.
+
+One root cause, one verdict: when a sample's forward result is wrong, the
+other checks of that sample (its non-contiguous form, out=, in-place,
+backward) are not run for it, so a broken kernel is charged to
+OP-INFO-001 only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from privateuse1_conformance.harness.evidence import scope
+
+# check -> (clause, the PyTorch test whose OpInfo decorators apply to it)
+CHECKS = {
+    "forward": ("OP-INFO-001.1", ("TestCommon", "test_compare_cpu")),
+    "noncontiguous": ("OP-INFO-001.2", ("TestCommon", "test_noncontiguous_samples")),
+    "out": ("OP-INFO-002.1", ("TestCommon", "test_out")),
+    "inplace": ("OP-INFO-002.2", ("TestCommon", "test_variant_consistency_eager")),
+    "backward": ("OP-INFO-003.1", ("TestCommon", "test_compare_cpu")),
+    "errors": ("OP-INFO-004.1", ("TestCommon", "test_errors")),
+}
+# The checks whose PyTorch test compares a device with the CPU (or a device's
+# errors): an expected failure there says the comparison fails everywhere.
+# The others' tests compare variants on one device: their expected failures
+# (a deprecated signature, an inconsistent variant) say nothing about the
+# device against the CPU, which run the same variant here; only skips apply.
+CROSS_DEVICE_CHECKS = {"forward", "backward", "errors"}
+BASE_TOLERANCE = 1e-3          # test_compare_cpu's atol and rtol
+REDUCED_PRECISION = {torch.float16, torch.bfloat16, torch.complex32}
+REDUCED_PRECISION_UNITS = 8    # of the dtype's resolution (finfo.eps)
+OUT_SAMPLES = 3                # samples checked with out= (test_out checks one)
+ERRORS_DTYPE = "any"           # the cell of the error checks, which have no dtype
+
+NO_EVIDENCE = {
+    "forward": "the CPU rejects every sample of this dtype: nothing to compare",
+    "noncontiguous": "no sample whose forward result matched the CPU's to make non-contiguous",
+    "out": "no sample the CPU accepts out= for",
+    "inplace": "no sample the CPU can compute in place (type promotion, broadcasting)",
+    "backward": "no sample with a differentiable result whose forward result matched the CPU's",
+    "errors": "no error input the CPU rejects with OpInfo's exception type (or OpInfo defines none)",
+}
+
+# How the dispatcher says a backend has no kernel for an operator (and no fallback).
+_NO_KERNEL = re.compile(r"Could not run '([^']+)' with arguments from the '([^']+)' backend")
+
+SEVERITY = {"": -1, "pass": 0, "skip": 1, "inconclusive": 1, "not-claimed": 2, "error": 6, "fail": 7}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def op_key(op) -> str:
+    """An OpInfo entry's name in claims and reports: its name, with its
+    variant after a dot (``as_strided.partial_views``)."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def load_op_db() -> list:
+    """PyTorch's OpInfo database. Importing it runs common_utils, which
+    freezes torch.backends' flags for PyTorch's own test runs; the kit's
+    other checks set them, so they are unfrozen again."""
+    import torch.backends
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
+    return list(op_db)
+
+
+@dataclass
+class Outcome:
+    """The outcome of one check of one (operator, dtype)."""
+
+    verdict: str = ""           # pass | fail | error | skip | not-claimed; "" while nothing was recorded
+    message: str = ""
+    samples: int = 0            # samples that were evidence (compared)
+
+    def record(self, verdict: str, message: str = "") -> None:
+        if SEVERITY[verdict] > SEVERITY[self.verdict] or (verdict == "pass" and self.verdict == "skip"):
+            self.verdict, self.message = verdict, message
+
+    def close(self, why_empty: str) -> None:
+        """After the check: a check no sample was evidence for is a skip that says why."""
+        if not self.verdict:
+            self.verdict, self.message = "skip", why_empty
+
+
+@dataclass
+class OperatorReport:
+    """Everything one OpInfo entry showed: dtype -> check -> outcome."""
+
+    name: str
+    cells: dict[str, dict[str, Outcome]] = field(default_factory=dict)
+    random: bool = False
+
+    def outcome(self, dtype: str, check: str) -> Outcome:
+        return self.cells.setdefault(dtype, {}).setdefault(check, Outcome())
+
+    def close(self) -> None:
+        for checks in self.cells.values():
+            for check, outcome in checks.items():
+                outcome.close(NO_EVIDENCE.get(check, "no sample was evidence"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {dtype: {check: [o.verdict, o.message, o.samples] for check, o in checks.items()}
+                for dtype, checks in self.cells.items()}
+
+
+class NotClaimed(Exception):
+    """The backend has no kernel for an operator this sample needs."""
+
+
+def _no_kernel(error: BaseException, derived: bool) -> str | None:
+    """The missing operator, when `error` is the dispatcher saying the
+    backend has no kernel and the claim was derived (not declared)."""
+    if not derived or not isinstance(error, NotImplementedError):
+        return None
+    match = _NO_KERNEL.search(str(error))
+    return match.group(1) if match else None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _decorations(op, check: str, device_type: str, dtype: torch.dtype | None) -> dict[str, Any]:
+    """What OpInfo's decorators for the PyTorch test behind `check` say for
+    every device: {"skip": reason} and/or {"atol": .., "rtol": ..}."""
+    cls_name, test_name = CHECKS[check][1]
+    names = [test_name] + (["test_fn_grad"] if check == "backward" else [])
+    found: dict[str, Any] = {}
+    for info in getattr(op, "decorators", ()) or ():
+        if hasattr(info, "is_active"):  # a DecorateInfo
+            if info.device_type is not None:
+                continue  # said about one device, not about every device
+            if not any(info.is_active(cls_name, name, device_type, dtype, {}) for name in names):
+                continue
+            decorators = info.decorators
+        else:  # a bare decorator: every test of the operator
+            decorators = [info]
+        for decorator in decorators:
+            overrides = getattr(decorator, "d", None)
+            if isinstance(overrides, dict) and dtype in overrides:  # toleranceOverride / precisionOverride
+                tol = overrides[dtype]
+                atol = getattr(tol, "atol", tol)
+                rtol = getattr(tol, "rtol", 0.0)
+                found["atol"] = max(found.get("atol", 0.0), float(atol))
+                found["rtol"] = max(found.get("rtol", 0.0), float(rtol))
+                continue
+            try:
+                marked = decorator(lambda: None)
+            except Exception:  # noqa: BLE001 - a decorator that wants a test class: not a skip
+                continue
+            if getattr(marked, "__unittest_skip__", False):
+                found.setdefault("skip", f"OpInfo skips {test_name} for this operator on every device: "
+                                         f"{getattr(marked, '__unittest_skip_why__', '')}")
+            elif getattr(marked, "__unittest_expecting_failure__", False) and check in CROSS_DEVICE_CHECKS:
+                found.setdefault("skip", f"OpInfo expects {test_name} to fail for this operator on every device")
+    return found
+
+
+def tolerance(op, check: str, device_type: str, dtype: torch.dtype) -> tuple[float, float]:
+    found = _decorations(op, check, device_type, dtype)
+    atol = found.get("atol", BASE_TOLERANCE) if "atol" in found else BASE_TOLERANCE
+    rtol = found.get("rtol", BASE_TOLERANCE) if "rtol" in found else BASE_TOLERANCE
+    if dtype in REDUCED_PRECISION:
+        resolution = REDUCED_PRECISION_UNITS * torch.finfo(dtype).eps
+        atol, rtol = max(atol, resolution), max(rtol, resolution)
+    return atol, rtol
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().requires_grad_(value.requires_grad)
+    return value
+
+
+def _cpu_sample(sample, device_type: str):
+    """The sample on the CPU: its tensors copied, and a `device` keyword
+    naming the device (factory functions) made the CPU; None when a sample
+    cannot be copied (a meta tensor in it)."""
+    try:
+        moved = sample.transform(_to_cpu)
+    except Exception:  # noqa: BLE001
+        return None
+    for key, value in list(moved.kwargs.items()):
+        if key == "device" and torch.device(value).type == device_type:
+            moved.kwargs[key] = "cpu"
+    return moved
+
+
+def _clone_sample(sample):
+    """A copy of the sample (operators may write into their inputs)."""
+    return sample.transform(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                            if isinstance(t, torch.Tensor) else t)
+
+
+def _results_to_cpu(result):
+    return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, result)
+
+
+_NO_TOLERANCE = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and "float8" in str(d)}
+
+
+def _comparable(value):
+    """float8 tensors as float32 (assert_close compares them bitwise only)."""
+    return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in _NO_TOLERANCE else t, value)
+
+
+def _mismatch(got, expected, atol: float, rtol: float) -> str | None:
+    """Why `got` (already on the CPU) is not `expected`, or None."""
+    try:
+        _, got_spec = tree_flatten(got)
+        _, expected_spec = tree_flatten(expected)
+        dtypes = [(g.dtype, e.dtype) for g, e in zip(tree_flatten(got)[0], tree_flatten(expected)[0])
+                  if isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor)]
+        if any(g != e for g, e in dtypes):
+            return "; ".join(f"result dtype {g}, on the CPU {e}" for g, e in dtypes if g != e)
+        got, expected = _comparable(got), _comparable(expected)
+        torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True, check_device=False,
+                                   check_layout=False, check_stride=False)
+    except AssertionError as e:
+        return " ".join(str(e).split())[:600]
+    except Exception as e:  # noqa: BLE001 - results assert_close cannot compare: say what they are
+        return f"results cannot be compared ({_first_line(e)})"
+    return None
+
+
+def _shape_mismatch(got, expected) -> str | None:
+    """For random operators: the results' structure, dtypes and shapes."""
+    flat_got, spec_got = tree_flatten(got)
+    flat_expected, spec_expected = tree_flatten(expected)
+    if spec_got != spec_expected:
+        return f"the results have another structure than on the CPU: {spec_got} vs {spec_expected}"
+    for k, (g, e) in enumerate(zip(flat_got, flat_expected)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.dtype != e.dtype or g.shape != e.shape:
+                what = f"{g.dtype} {tuple(g.shape)}" if isinstance(g, torch.Tensor) else type(g).__name__
+                return f"result {k} is {what}, on the CPU {e.dtype} {tuple(e.shape)}"
+    return None
+
+
+def _draws_random_numbers(op, cpu_sample) -> bool:
+    """Whether the operator runs an aten operator PyTorch tags as seeded
+    random (dropout, bernoulli, normal, randint, ...) on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+                seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with Recorder():
+            op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+    except Exception:  # noqa: BLE001 - the reference run will say so
+        return False
+    return bool(seen)
+
+
+def _describe(sample, index: int) -> str:
+    try:
+        text = sample.summary()
+    except Exception:  # noqa: BLE001
+        text = repr(sample)
+    return f"sample {index} ({' '.join(text.split())[:300]})"
+
+
+class OperatorCheck:
+    """Runs the checks of one OpInfo entry on `device_type` (device index 0)."""
+
+    def __init__(self, op, device_type: str, dtypes: list[torch.dtype], derived: bool,
+                 backward: bool = True, errors: bool = True) -> None:
+        self.op = op
+        self.device_type = device_type
+        self.device = f"{device_type}:0"
+        self.dtypes = dtypes
+        self.derived = derived       # the claim is the default (missing kernels are not-claimed)
+        self.backward = backward
+        self.errors = errors
+        self.report = OperatorReport(op_key(op))
+
+    # ------------------------------------------------------------ helpers
+
+    def _run_device(self, call: Callable[[], Any], clause: str, step: str):
+        """`call` on the device, inside the evidence scope of `clause` (a crash
+        or hang inside it is charged there). Raises NotClaimed for a missing
+        kernel of a derived claim."""
+        with scope(clause, step):
+            try:
+                return call()
+            except Exception as e:  # noqa: BLE001
+                missing = _no_kernel(e, self.derived)
+                if missing:
+                    raise NotClaimed(f"the backend has no kernel (and no fallback) for {missing}") from e
+                raise
+
+    def _skip_reason(self, check: str, dtype: torch.dtype | None) -> str | None:
+        return _decorations(self.op, check, self.device_type, dtype).get("skip")
+
+    # -------------------------------------------------------------- run
+
+    def run(self) -> OperatorReport:
+        for dtype in self.dtypes:
+            try:
+                self._run_dtype(dtype)
+            except NotClaimed as e:
+                name = dtype_name(dtype)
+                self.report.cells[name] = {"forward": Outcome("not-claimed", str(e))}
+        if self.errors and self.op.error_inputs_func is not None:
+            try:
+                self._check_errors()
+            except NotClaimed as e:
+                self.report.cells[ERRORS_DTYPE] = {"errors": Outcome("not-claimed", str(e))}
+        self.report.close()
+        return self.report
+
+    def _samples(self, dtype: torch.dtype, requires_grad: bool, clause: str):
+        name = dtype_name(dtype)
+        torch.manual_seed(0)
+        return list(self._run_device(lambda: self.op.sample_inputs(self.device, dtype, requires_grad=requires_grad),
+                                     clause, f"{name}: generating OpInfo's samples on the device"))
+
+    def _run_dtype(self, dtype: torch.dtype) -> None:
+        name = dtype_name(dtype)
+        op = self.op
+        forward = self.report.outcome(name, "forward")
+        skip = self._skip_reason("forward", dtype)
+        if skip:
+            forward.record("skip", skip)
+            return
+        try:
+            samples = self._samples(dtype, False, CHECKS["forward"][0])
+        except NotClaimed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            forward.record("error", f"generating OpInfo's samples on the device failed: {_first_line(e)}")
+            return
+        atol, rtol = tolerance(op, "forward", self.device_type, dtype)
+        passed = []   # (index, device sample, cpu sample, cpu result) of samples whose forward passed
+        for index, sample in enumerate(samples):
+            cpu_sample = _cpu_sample(sample, self.device_type)
+            if cpu_sample is None:
+                continue
+            if not self.report.random and index == 0:
+                self.report.random = _draws_random_numbers(op, cpu_sample)
+            cpu_pristine = _clone_sample(cpu_sample)
+            try:
+                expected = cpu_sample.output_process_fn_grad(
+                    op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs))
+            except Exception:  # noqa: BLE001 - the CPU rejects it: no evidence
+                continue
+            step = f"{name}: forward, {_describe(sample, index)}"
+            try:
+                pristine = self._run_device(lambda: _clone_sample(sample), CHECKS["forward"][0],
+                                            f"{name}: copying {_describe(sample, index)} on the device")
+                got = self._run_device(lambda: op(sample.input, *sample.args, **sample.kwargs),
+                                       CHECKS["forward"][0], step)
+                got = _results_to_cpu(sample.output_process_fn_grad(got))
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                forward.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU returned a result")
+                continue
+            forward.samples += 1
+            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
+            if problem:
+                forward.record("fail", f"{step}: {problem}")
+                continue
+            forward.record("pass")
+            passed.append((index, pristine, cpu_pristine, expected))
+        self._check_noncontiguous(dtype, passed, atol, rtol)
+        self._check_out(dtype, passed, atol, rtol)
+        self._check_inplace(dtype, passed, atol, rtol)
+        if self.backward and op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"):
+            self._check_backward(dtype, {index for index, *_ in passed})
+
+    def _check_noncontiguous(self, dtype, passed, atol, rtol) -> None:
+        name = dtype_name(dtype)
+        outcome = self.report.outcome(name, "noncontiguous")
+        skip = self._skip_reason("noncontiguous", dtype)
+        if skip or self.report.random:
+            outcome.record("skip", skip or "random operator: values are not compared")
+            return
+        clause = CHECKS["noncontiguous"][0]
+        for index, sample, _, expected in passed:
+            step = f"{name}: non-contiguous, {_describe(sample, index)}"
+            try:
+                got = self._run_device(lambda: self._call_noncontiguous(sample), clause, step)
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device with non-contiguous inputs; "
+                                       "it returned a result with contiguous ones")
+                continue
+            outcome.samples += 1
+            problem = _mismatch(_results_to_cpu(sample.output_process_fn_grad(got)), expected, atol, rtol)
+            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
+
+    def _call_noncontiguous(self, sample):
+        noncontiguous = _clone_sample(sample).noncontiguous()
+        return self.op(noncontiguous.input, *noncontiguous.args, **noncontiguous.kwargs)
+
+    def _check_out(self, dtype, passed, atol, rtol) -> None:
+        op = self.op
+        if not op.supports_out:
+            return
+        name = dtype_name(dtype)
+        outcome = self.report.outcome(name, "out")
+        skip = self._skip_reason("out", dtype)
+        if skip or self.report.random:
+            outcome.record("skip", skip or "random operator: values are not compared")
+            return
+        clause = CHECKS["out"][0]
+        for index, sample, cpu_sample, _ in passed[:OUT_SAMPLES]:
+            sample, cpu_sample = _clone_sample(sample), _clone_sample(cpu_sample)
+            try:  # the CPU's out= result, into tensors the CPU accepts
+                cpu_result = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+                flat, spec = tree_flatten(cpu_result)
+                if not flat or not all(isinstance(t, torch.Tensor) for t in flat):
+                    continue
+                cpu_out = spec.unflatten([torch.empty_like(t) for t in flat]) if len(flat) > 1 else \
+                    torch.empty_like(flat[0])
+                cpu_returned = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs, out=cpu_out)
+                returns_out = tree_flatten(cpu_returned)[0] != [] and all(
+                    r is o for r, o in zip(tree_flatten(cpu_returned)[0], tree_flatten(cpu_out)[0]))
+                expected = cpu_sample.output_process_fn_grad(cpu_out)
+            except Exception:  # noqa: BLE001 - the CPU takes no out= here: no evidence
+                continue
+            step = f"{name}: out=, {_describe(sample, index)}"
+
+            def call(flat=flat, spec=spec, sample=sample):
+                outs = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in flat]
+                given = spec.unflatten(outs) if len(outs) > 1 else outs[0]
+                returned = op(sample.input, *sample.args, **sample.kwargs, out=given)
+                return outs, given, returned
+
+            try:
+                outs, given, returned = self._run_device(call, clause, step)
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU accepted out=")
+                continue
+            outcome.samples += 1
+            returned_flat, _ = tree_flatten(returned)
+            if returns_out and (len(returned_flat) != len(outs) or any(r is not o for r, o in zip(returned_flat, outs))):
+                outcome.record("fail", f"{step}: did not return the tensor(s) passed as out=, as the CPU does")
+                continue
+            problem = _mismatch(_results_to_cpu(sample.output_process_fn_grad(given)), expected, atol, rtol)
+            outcome.record("fail" if problem else "pass", f"{step}: out= holds {problem}" if problem else "")
+
+    def _check_inplace(self, dtype, passed, atol, rtol) -> None:
+        op = self.op
+        inplace = op.inplace_variant
+        if inplace is None:
+            return
+        name = dtype_name(dtype)
+        outcome = self.report.outcome(name, "inplace")
+        skip = self._skip_reason("inplace", dtype)
+        if skip or self.report.random:
+            outcome.record("skip", skip or "random operator: values are not compared")
+            return
+        clause = CHECKS["inplace"][0]
+        for index, sample, cpu_sample, _ in passed:
+            if sample.broadcasts_input or not isinstance(sample.input, torch.Tensor):
+                continue
+            sample, cpu_sample = _clone_sample(sample), _clone_sample(cpu_sample)
+            try:
+                cpu_input = cpu_sample.input.clone()
+                inplace(cpu_input, *cpu_sample.args, **cpu_sample.kwargs)
+            except Exception:  # noqa: BLE001 - the CPU cannot do it in place (type promotion): no evidence
+                continue
+            step = f"{name}: in-place, {_describe(sample, index)}"
+
+            def call(sample=sample):
+                target = sample.input.detach().clone()
+                return target, inplace(target, *sample.args, **sample.kwargs)
+
+            try:
+                target, returned = self._run_device(call, clause, step)
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU did it in place")
+                continue
+            outcome.samples += 1
+            if returned is not target:
+                outcome.record("fail", f"{step}: the in-place variant did not return its input")
+                continue
+            problem = _mismatch(target.detach().cpu(), cpu_input, atol, rtol)
+            outcome.record("fail" if problem else "pass", f"{step}: the input holds {problem}" if problem else "")
+
+    def _check_backward(self, dtype, forward_passed: set[int]) -> None:
+        op = self.op
+        name = dtype_name(dtype)
+        outcome = self.report.outcome(name, "backward")
+        skip = self._skip_reason("backward", dtype)
+        if skip or self.report.random:
+            outcome.record("skip", skip or "random operator: values are not compared")
+            return
+        clause = CHECKS["backward"][0]
+        atol, rtol = tolerance(op, "backward", self.device_type, dtype)
+        try:
+            samples = self._samples(dtype, True, clause)
+        except NotClaimed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            outcome.record("error", f"generating OpInfo's samples with requires_grad on the device failed: "
+                                    f"{_first_line(e)}")
+            return
+        for index, sample in enumerate(samples):
+            if index not in forward_passed:
+                continue  # its forward failed (charged there) or the CPU rejected it
+            cpu_sample = _cpu_sample(sample, self.device_type)
+            if cpu_sample is None:
+                continue
+            try:
+                expected, seeds = self._gradients(cpu_sample, None)
+            except Exception:  # noqa: BLE001 - no CPU gradient to compare with
+                continue
+            if expected is None:
+                continue
+            step = f"{name}: backward, {_describe(sample, index)}"
+            try:
+                got, _ = self._run_device(lambda: self._gradients(sample, seeds), clause, step)
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                outcome.record("fail", f"{step}: the backward pass raised {_first_line(e)} on the device; on the "
+                                       "CPU it computed the gradients")
+                continue
+            outcome.samples += 1
+            got = [g.detach().cpu() if g is not None else None for g in got]
+            problem = None
+            for k, (g, e) in enumerate(zip(got, expected)):
+                if g is None and e is None:
+                    continue
+                g = torch.zeros_like(e) if g is None else g
+                e = torch.zeros_like(g) if e is None else e
+                problem = _mismatch(g, e, atol, rtol)
+                if problem:
+                    problem = f"the gradient of input {k}: {problem}"
+                    break
+            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
+
+    def _gradients(self, sample, seeds: list[torch.Tensor] | None):
+        """Gradients of the sample's inputs that require grad, for output
+        gradients `seeds` (drawn on the CPU when None): (gradients, seeds),
+        or (None, None) when no output is differentiable."""
+        result = self.op(sample.input, *sample.args, **sample.kwargs)
+        outputs = [t for t in tree_flatten(sample.output_process_fn_grad(result))[0]
+                   if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+        inputs = [t for t in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not outputs or not inputs:
+            return None, None
+        if seeds is None:
+            generator = torch.Generator().manual_seed(1)
+            seeds = [torch.randn(t.shape, dtype=t.dtype, generator=generator) if t.dtype not in (torch.complex32,)
+                     else torch.randn(t.shape, dtype=torch.complex64, generator=generator).to(t.dtype)
+                     for t in outputs]
+        grad_outputs = [s.to(t.device) for s, t in zip(seeds, outputs)]
+        grads = torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)
+        return list(grads), seeds
+
+    def _check_errors(self) -> None:
+        outcome = self.report.outcome(ERRORS_DTYPE, "errors")
+        skip = self._skip_reason("errors", None)
+        if skip:
+            outcome.record("skip", skip)
+            return
+        clause = CHECKS["errors"][0]
+        torch.manual_seed(0)
+        try:
+            error_inputs = list(self._run_device(lambda: self.op.error_inputs(self.device), clause,
+                                                 "generating OpInfo's error inputs on the device"))
+        except NotClaimed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            outcome.record("error", f"generating OpInfo's error inputs on the device failed: {_first_line(e)}")
+            return
+        for index, error_input in enumerate(error_inputs):
+            sample, expected_type = error_input.sample_input, error_input.error_type
+            cpu_sample = _cpu_sample(sample, self.device_type)
+            if cpu_sample is None:
+                continue
+            try:
+                self.op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+                continue  # the CPU accepts it (a device-specific error input): no evidence
+            except expected_type:
+                pass
+            except Exception:  # noqa: BLE001 - the CPU raises something else: no evidence about the type
+                continue
+            step = f"error input {index} ({' '.join(sample.summary().split())[:200]})"
+            try:
+                self._run_device(lambda: self.op(sample.input, *sample.args, **sample.kwargs), clause, step)
+            except NotClaimed:
+                raise
+            except expected_type:
+                outcome.samples += 1
+                outcome.record("pass")
+                continue
+            except Exception as e:  # noqa: BLE001
+                outcome.samples += 1
+                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU raises "
+                                       f"{expected_type.__name__}")
+                continue
+            outcome.samples += 1
+            outcome.record("fail", f"{step}: returned on the device; the CPU raises {expected_type.__name__}")

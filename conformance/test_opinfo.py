@@ -1,0 +1,92 @@
+"""The operators area: every claimed OpInfo operator, checked against the CPU.
+
+One test per OpInfo entry (``test_operator[add]``), each in its own forked
+process like every test of the suite: a crash or a hang costs that operator
+only, and is charged to the check (and dtype) it happened in. The checks
+are conformance/_opinfo.py's; the entries come from ``--operators`` (the
+default subset, ``all``, or names and patterns) and the claims from the
+manifest's ``[operators]`` table (harness/operators.py, docs/operators.md).
+
+A test's outcome per contract is the worst over its checks of that
+contract: a wrong forward result fails OP-INFO-001 while the same
+operator's gradients may pass OP-INFO-003. Each (dtype, check) cell goes
+to the report's operator matrix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from privateuse1_conformance.harness.evidence import Violation, inconclusive
+
+from . import _opinfo
+
+CONTRACTS = ("OP-INFO-001", "OP-INFO-002", "OP-INFO-003", "OP-INFO-004")
+OUTCOMES = "operator_outcomes"   # the user property the plugin turns into per-contract charges
+CELLS = "operator_cells"         # the user property of the report's operator matrix
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "opinfo_key" in metafunc.fixturenames:
+        session = metafunc.config.pluginmanager.get_plugin("privateuse1-conformance-session")
+        metafunc.parametrize("opinfo_key", session.operator_keys() if session else [])
+
+
+# decides OP-INFO-001.1
+# decides OP-INFO-001.2
+# decides OP-INFO-002.1
+# decides OP-INFO-002.2
+# decides OP-INFO-003.1
+# decides OP-INFO-004.1
+@pytest.mark.contract(*CONTRACTS)
+def test_operator(opinfo_key: str, session, request) -> None:
+    """All checks of one OpInfo entry, for every claimed dtype the CPU supports."""
+    op = session.operator(opinfo_key)
+    claims = session.backend.manifest.operators
+    dtypes = []
+    not_claimed = {}
+    for dtype in sorted(op.supported_dtypes("cpu"), key=str):
+        name = _opinfo.dtype_name(dtype)
+        reason = claims.excluded(opinfo_key, op.name, name)
+        if reason:
+            not_claimed[name] = reason
+        else:
+            dtypes.append(dtype)
+    check = _opinfo.OperatorCheck(op, session.backend.device_type, dtypes, derived=claims.derived,
+                                  backward=claims.backward)
+    report = check.run()
+    for name, reason in not_claimed.items():
+        report.cells[name] = {"forward": _opinfo.Outcome("not-claimed", reason)}
+    request.node.user_properties.append((CELLS, report.to_json()))
+    outcomes = per_contract(report)
+    request.node.user_properties.append((OUTCOMES, outcomes))
+    failed = [(c, o) for c, o in outcomes.items() if o[0] in ("fail", "error")]
+    if failed:
+        contract, (verdict, message, clause) = failed[0]
+        more = f" (and {len(failed) - 1} more contract(s) of this operator failed)" if len(failed) > 1 else ""
+        if verdict == "fail":
+            raise Violation(message + more, contract, clause)
+        raise OperatorError(message + more)
+    if all(o[0] == "inconclusive" for o in outcomes.values()):
+        inconclusive(next((o.message for checks in report.cells.values() for o in checks.values()
+                           if o.verdict == "not-claimed"), "no check of this operator had a sample to compare"))
+
+
+class OperatorError(RuntimeError):
+    """A check of the operator could not reach a verdict (its samples could not be made on the device)."""
+
+
+def per_contract(report: _opinfo.OperatorReport) -> dict[str, list]:
+    """contract -> [verdict, message, clause] over its checks' outcomes: the
+    first failure or error (the worse first), else pass when some check
+    passed, else inconclusive (nothing claimed, or no sample was evidence)."""
+    outcomes = {contract: ["inconclusive", "", ""] for contract in CONTRACTS}
+    rank = {"inconclusive": 0, "pass": 1, "error": 2, "fail": 3}
+    for checks in report.cells.values():
+        for check, outcome in checks.items():
+            clause = _opinfo.CHECKS[check][0]
+            contract = clause.split(".")[0]
+            verdict = outcome.verdict if outcome.verdict in rank else "inconclusive"
+            if rank[verdict] > rank[outcomes[contract][0]]:
+                outcomes[contract] = [verdict, outcome.message if verdict != "pass" else "", clause]
+    return outcomes

@@ -1,0 +1,175 @@
+"""The operators area: which OpInfo entries a run checks, and which of them
+(and which dtypes) the backend claims.
+
+Selection (``--operators``): ``default`` is the subset below, the operators
+most models use; ``all`` is PyTorch's whole OpInfo database; anything else
+is a comma-separated list of names or fnmatch patterns (``linalg.*``);
+``none`` checks no operator (the area's contracts are then not run).
+
+Claims (the manifest's ``[operators]`` table, docs/operators.md)::
+
+    [operators]
+    claim = ["*"]                       # patterns; absent: the default, derived (below)
+    dtypes = ["float32", "float16"]     # absent: every dtype
+    backward = true                     # gradients are claimed (default true)
+    [operators.exclude]                 # not claimed, with the reason the report shows
+    "sparse.*" = "strided tensors only"
+    "nn.functional.conv2d" = { dtypes = ["complex64"], reason = "no complex convolution" }
+
+Without ``claim`` the claim is derived from the dispatcher: every operator
+is claimed, and one the device has no kernel for (the dispatcher says
+"Could not run ... with arguments from the PrivateUse1 backend": nothing
+registered and no fallback) is reported not-claimed instead of failed. With
+``claim``, a claimed operator the backend cannot run fails.
+
+This module imports no torch: the plugin parses the manifest before the
+backend is imported; OpInfo names are matched as strings.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+# The operators most models use (OpInfo names; a name covers its variants):
+# elementwise arithmetic and math, comparisons, activations, reductions,
+# matrix products, convolution, pooling, normalization, losses, indexing,
+# shape and memory operators, and attention.
+DEFAULT_OPERATORS = (
+    # elementwise arithmetic and math
+    "abs", "add", "sub", "mul", "div", "neg", "reciprocal", "pow", "sqrt", "rsqrt", "exp", "exp2", "expm1",
+    "log", "log1p", "log2", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "trunc",
+    "sign", "clamp", "clamp_min", "clamp_max", "lerp", "addcmul", "addcdiv", "fmod", "remainder",
+    "floor_divide", "maximum", "minimum", "where", "masked_fill", "nan_to_num", "isnan", "isinf",
+    "logical_not", "logical_and", "bitwise_and", "square",
+    # comparisons
+    "eq", "ne", "lt", "le", "gt", "ge",
+    # activations
+    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu", "nn.functional.leaky_relu",
+    "nn.functional.elu", "nn.functional.hardtanh", "nn.functional.softplus", "nn.functional.mish",
+    "nn.functional.hardswish", "softmax", "log_softmax", "nn.functional.softmin",
+    # reductions
+    "sum", "mean", "prod", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim", "min.reduction_with_dim",
+    "argmax", "argmin", "var", "std", "norm", "logsumexp", "cumsum", "all", "any", "topk", "sort", "argsort",
+    # matrix products
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "nn.functional.linear", "einsum", "outer", "dot",
+    # convolution and pooling
+    "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv_transpose2d",
+    "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d",
+    "nn.functional.interpolate", "nn.functional.pad",
+    # normalization and dropout
+    "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.group_norm",
+    "nn.functional.rms_norm", "nn.functional.dropout", "nn.functional.normalize",
+    # losses
+    "nn.functional.cross_entropy", "nn.functional.nll_loss", "nn.functional.mse_loss",
+    "nn.functional.binary_cross_entropy_with_logits", "nn.functional.l1_loss",
+    "nn.functional.smooth_l1_loss",
+    # indexing
+    "index_select", "gather", "scatter", "scatter_add", "index_add", "index_put", "masked_select",
+    "take_along_dim", "nn.functional.embedding", "nn.functional.one_hot", "nonzero",
+    # shape and memory
+    "cat", "stack", "split", "chunk", "view", "reshape", "permute", "transpose", "t", "squeeze",
+    "unsqueeze", "flatten", "expand", "repeat", "flip", "roll", "narrow", "contiguous", "clone",
+    "tril", "triu", "zeros_like", "ones_like", "full_like", "arange", "to", "type_as", "tile",
+    # attention
+    "nn.functional.scaled_dot_product_attention",
+)
+
+
+class OperatorsError(ValueError):
+    """A manifest's [operators] table or an --operators value is invalid."""
+
+
+@dataclass
+class Exclusion:
+    pattern: str
+    reason: str
+    dtypes: tuple[str, ...] = ()     # empty: the whole operator
+
+
+@dataclass
+class Claims:
+    """What the backend claims in the operators area."""
+
+    patterns: tuple[str, ...] | None = None      # None: derived from the dispatcher
+    dtypes: tuple[str, ...] | None = None        # None: every dtype
+    backward: bool = True
+    exclusions: list[Exclusion] = field(default_factory=list)
+
+    @property
+    def derived(self) -> bool:
+        return self.patterns is None
+
+    @classmethod
+    def from_table(cls, table: dict, where: str) -> Claims:
+        keys = {"claim", "dtypes", "backward", "exclude"}
+        unknown = set(table) - keys
+        if unknown:
+            raise OperatorsError(f"{where}: unknown keys {sorted(unknown)} in [operators]; expected "
+                                 f"{', '.join(sorted(keys))}")
+        patterns = table.get("claim")
+        if patterns is not None and not _strings(patterns):
+            raise OperatorsError(f"{where}: [operators] claim must be a list of operator names or patterns")
+        dtypes = table.get("dtypes")
+        if dtypes is not None and not _strings(dtypes):
+            raise OperatorsError(f"{where}: [operators] dtypes must be a list of dtype names such as 'float32'")
+        backward = table.get("backward", True)
+        if not isinstance(backward, bool):
+            raise OperatorsError(f"{where}: [operators] backward must be true or false")
+        exclusions = []
+        for pattern, value in table.get("exclude", {}).items():
+            if isinstance(value, str):
+                exclusions.append(Exclusion(pattern, value))
+            elif isinstance(value, dict) and set(value) <= {"dtypes", "reason"} and isinstance(
+                    value.get("reason", ""), str) and _strings(value.get("dtypes", [])):
+                exclusions.append(Exclusion(pattern, value.get("reason", ""), tuple(value.get("dtypes", ()))))
+            else:
+                raise OperatorsError(
+                    f"{where}: [operators.exclude] {pattern!r} must be a reason (a string) or a table "
+                    "{ dtypes = [...], reason = \"...\" }")
+        return cls(tuple(patterns) if patterns is not None else None,
+                   tuple(dtypes) if dtypes is not None else None, backward, exclusions)
+
+    def excluded(self, key: str, base: str, dtype: str | None = None) -> str | None:
+        """Why the operator (dtype None) or one dtype of it is not claimed, or None."""
+        if self.patterns is not None and not matches_any(key, base, self.patterns):
+            return "not in the manifest's [operators] claim"
+        if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
+            return f"{dtype} is not among the manifest's [operators] dtypes"
+        for exclusion in self.exclusions:
+            if matches(key, base, exclusion.pattern) and (not exclusion.dtypes or (dtype in exclusion.dtypes)):
+                if exclusion.dtypes and dtype is None:
+                    continue  # only some dtypes of it
+                return exclusion.reason or "excluded by the manifest's [operators.exclude]"
+        return None
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def matches(key: str, base: str, pattern: str) -> bool:
+    """An OpInfo entry (its key, ``name`` or ``name.variant``, and its base
+    name) against a name or fnmatch pattern: a base name covers its variants."""
+    return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(base, pattern)
+
+
+def matches_any(key: str, base: str, patterns) -> bool:
+    return any(matches(key, base, p) for p in patterns)
+
+
+def select(entries: list[tuple[str, str]], selection: str) -> list[str]:
+    """The keys of the OpInfo entries a run checks. `entries` are (key, base
+    name) pairs; `selection` is the --operators value."""
+    value = (selection or "default").strip()
+    if value == "none":
+        return []
+    if value == "all":
+        return [key for key, _ in entries]
+    patterns = DEFAULT_OPERATORS if value == "default" else tuple(p.strip() for p in value.split(",") if p.strip())
+    chosen = [key for key, base in entries if matches_any(key, base, patterns)]
+    if value != "default":
+        unmatched = [p for p in patterns if not any(matches(k, b, p) for k, b in entries)]
+        if unmatched:
+            raise OperatorsError(f"--operators: no OpInfo entry matches {', '.join(unmatched)}")
+    return chosen

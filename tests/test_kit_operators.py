@@ -1,0 +1,116 @@
+"""The operators area: claims, selection, per-contract outcomes, and a run
+that charges each operator's failure to the contract whose check broke."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from kit_support import run_suite
+from privateuse1_conformance.harness import backend as backend_mod
+from privateuse1_conformance.harness import operators as operators_mod
+
+ENTRIES = [("add", "add"), ("max.reduction_with_dim", "max"), ("max.binary", "max"), ("linalg.svd", "linalg.svd"),
+           ("nn.functional.conv2d", "nn.functional.conv2d"), ("sparse.mm", "sparse.mm")]
+
+
+def test_selection_by_name_pattern_and_variant():
+    assert operators_mod.select(ENTRIES, "add") == ["add"]
+    assert operators_mod.select(ENTRIES, "max") == ["max.reduction_with_dim", "max.binary"]  # a name covers its variants
+    assert operators_mod.select(ENTRIES, "max.binary,linalg.*") == ["max.binary", "linalg.svd"]
+    assert operators_mod.select(ENTRIES, "all") == [k for k, _ in ENTRIES]
+    assert operators_mod.select(ENTRIES, "none") == []
+    assert "add" in operators_mod.select(ENTRIES, "default")
+    with pytest.raises(operators_mod.OperatorsError, match="no OpInfo entry matches nosuchop"):
+        operators_mod.select(ENTRIES, "add,nosuchop")
+
+
+def test_claims_exclude_operators_and_dtypes_with_reasons():
+    claims = operators_mod.Claims.from_table({
+        "dtypes": ["float32", "int64"],
+        "exclude": {"sparse.*": "strided only", "nn.functional.conv2d": {"dtypes": ["int64"], "reason": "no int conv"}},
+    }, "test")
+    assert claims.derived
+    assert claims.excluded("sparse.mm", "sparse.mm") == "strided only"
+    assert claims.excluded("nn.functional.conv2d", "nn.functional.conv2d") is None  # only one dtype is excluded
+    assert claims.excluded("nn.functional.conv2d", "nn.functional.conv2d", "int64") == "no int conv"
+    assert claims.excluded("add", "add", "float16") == "float16 is not among the manifest's [operators] dtypes"
+    assert claims.excluded("add", "add", "float32") is None
+    declared = operators_mod.Claims.from_table({"claim": ["add", "max"]}, "test")
+    assert not declared.derived
+    assert declared.excluded("max.binary", "max") is None
+    assert declared.excluded("linalg.svd", "linalg.svd") == "not in the manifest's [operators] claim"
+
+
+@pytest.mark.parametrize("table, error", [
+    ({"claim": "add"}, "claim must be a list"),
+    ({"dtypes": [1]}, "dtypes must be a list"),
+    ({"backward": "yes"}, "backward must be true or false"),
+    ({"exclude": {"add": 3}}, "must be a reason"),
+    ({"bogus": 1}, "unknown keys"),
+])
+def test_invalid_claims_name_the_key(table, error):
+    with pytest.raises(operators_mod.OperatorsError, match=error):
+        operators_mod.Claims.from_table(table, "test")
+
+
+def test_the_manifest_carries_the_claims(tmp_path):
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(textwrap.dedent("""
+        [backend]
+        name = "x"
+        [operators]
+        claim = ["add"]
+        [operators.exclude]
+        "add" = { dtypes = ["bool"], reason = "r" }
+    """))
+    loaded = backend_mod.Manifest.load(manifest)
+    assert loaded.operators.patterns == ("add",)
+    assert loaded.operators.excluded("add", "add", "bool") == "r"
+    manifest.write_text('[backend]\nname = "x"\n[operators]\nclaim = "add"\n')
+    with pytest.raises(backend_mod.BackendError, match="claim must be a list"):
+        backend_mod.Manifest.load(manifest)
+
+
+def test_each_contract_gets_its_own_checks_outcome():
+    from privateuse1_conformance.conformance import _opinfo, test_opinfo
+
+    report = _opinfo.OperatorReport("x")
+    report.outcome("float32", "forward").record("fail", "wrong")
+    report.outcome("float32", "backward").record("pass")
+    report.outcome("float64", "forward").record("pass")
+    report.outcome("any", "errors").record("skip", "none")
+    outcomes = test_opinfo.per_contract(report)
+    assert outcomes["OP-INFO-001"] == ["fail", "wrong", "OP-INFO-001.1"]
+    assert outcomes["OP-INFO-003"][0] == "pass"
+    assert outcomes["OP-INFO-002"][0] == "inconclusive"   # no out= or in-place variant checked
+    assert outcomes["OP-INFO-004"][0] == "inconclusive"   # skipped: no evidence
+
+
+@pytest.fixture(scope="module")
+def mutated_run(tmp_path_factory):
+    """OpenReg with int32 mul wrong, on three operators."""
+    folder = tmp_path_factory.mktemp("operators")
+    return run_suite("openreg", folder, "--contract=OP-INFO-001,OP-INFO-003", "--operators=mul,tanh,sparse.mm",
+                     env={"OPENREG_MUTANT": "opinfo-mul-int32-off-by-one"})
+
+
+def _tests(run, contract):
+    entry = next(c for c in run.report["contracts"] if c["id"] == contract)
+    return {t["nodeid"].split("[")[1].rstrip("]"): t for t in entry["tests"]}
+
+
+def test_a_wrong_operator_fails_only_the_contract_it_breaks(mutated_run):
+    forward, backward = _tests(mutated_run, "OP-INFO-001"), _tests(mutated_run, "OP-INFO-003")
+    assert forward["mul"]["verdict"] == "fail"
+    assert forward["mul"]["clause"] == "OP-INFO-001.1"
+    assert "int32: forward" in forward["mul"]["message"]
+    assert backward["mul"]["verdict"] == "pass"      # its gradients (float dtypes) are right
+    assert forward["tanh"]["verdict"] == "pass"
+
+
+def test_an_operator_the_manifest_excludes_is_not_run_and_counts_for_nothing(mutated_run):
+    forward = _tests(mutated_run, "OP-INFO-001")
+    assert forward["sparse.mm"]["verdict"] == "inconclusive"
+    assert "strided tensors only" in forward["sparse.mm"]["message"]
