@@ -86,7 +86,10 @@ NO_EVIDENCE = {
 }
 
 # How the dispatcher says a backend has no kernel for an operator (and no fallback).
-_NO_KERNEL = re.compile(r"Could not run '([^']+)' with arguments from the '([^']+)' backend")
+# Also the kernels ATen keeps for an out-of-tree device to override (the
+# convolution of ConvBackend::Overrideable), which only raise until it does.
+_NO_KERNEL = re.compile(r"Could not run '([^']+)' with arguments from the '[^']+' backend"
+                        r"|^(\w+) not implemented\. You are likely triggering this with tensor backend other than")
 
 SEVERITY = {"": -1, "pass": 0, "skip": 1, "inconclusive": 1, "not-claimed": 2, "error": 6, "fail": 7}
 
@@ -161,7 +164,7 @@ def _no_kernel(error: BaseException, derived: bool) -> str | None:
     if not derived or not isinstance(error, NotImplementedError):
         return None
     match = _NO_KERNEL.search(str(error))
-    return match.group(1) if match else None
+    return (match.group(1) or match.group(2)) if match else None
 
 
 def _first_line(error: BaseException) -> str:

@@ -89,4 +89,6 @@ def per_contract(report: _opinfo.OperatorReport) -> dict[str, list]:
             verdict = outcome.verdict if outcome.verdict in rank else "inconclusive"
             if rank[verdict] > rank[outcomes[contract][0]]:
                 outcomes[contract] = [verdict, outcome.message if verdict != "pass" else "", clause]
+            elif outcome.verdict == "not-claimed" and outcomes[contract] == ["inconclusive", "", ""]:
+                outcomes[contract] = ["inconclusive", f"not claimed: {outcome.message}", clause]
     return outcomes

@@ -153,7 +153,9 @@ def _failures(report: dict) -> tuple[list[str], dict[str, str]]:
 def check_baseline(registry: MutantRegistry, timeout: float) -> list[str]:
     """Problems with the unmutated backend on the mutants' contracts."""
     contracts = sorted({c for m in registry.mutants.values() for c in m.contracts})
-    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout)
+    # The operators the mutants' runs check (each mutant of the operators area names its own).
+    operators = ",".join(sorted({m.operators for m in registry.mutants.values() if m.operators}))
+    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout, operators)
     if report is None:
         return [f"the baseline run wrote no report:\n{tail}"]
     _, failing = _failures(report)

@@ -10,6 +10,9 @@ from kit_support import FIXTURE_DIR, run_suite
 from privateuse1_conformance.harness import registry as registry_mod
 
 FAILURE_VERDICTS = {"fail", "error"}
+# A few operators: these runs are about the contracts' verdicts (the
+# operators area's own tests are test_kit_operators.py).
+OPERATORS = "--operators=add,mul,sum"
 
 pytestmark = pytest.mark.skipif(
     not any(FIXTURE_DIR.glob("pu1_minimal*.so")), reason="fixture backends are not built (make build)")
@@ -22,12 +25,12 @@ def registry():
 
 @pytest.fixture(scope="module")
 def minimal_run(tmp_path_factory):
-    return run_suite("pu1_minimal", tmp_path_factory.mktemp("minimal"), "--contract-timeout=20")
+    return run_suite("pu1_minimal", tmp_path_factory.mktemp("minimal"), "--contract-timeout=20", OPERATORS)
 
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
-    return run_suite("pu1_faulty", tmp_path_factory.mktemp("faulty"), "--contract-timeout=5")
+    return run_suite("pu1_faulty", tmp_path_factory.mktemp("faulty"), "--contract-timeout=5", OPERATORS)
 
 
 def test_minimal_backend_gets_a_complete_run(minimal_run, registry):

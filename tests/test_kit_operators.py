@@ -112,5 +112,6 @@ def test_a_wrong_operator_fails_only_the_contract_it_breaks(mutated_run):
 
 def test_an_operator_the_manifest_excludes_is_not_run_and_counts_for_nothing(mutated_run):
     forward = _tests(mutated_run, "OP-INFO-001")
-    assert forward["sparse.mm"]["verdict"] == "inconclusive"
-    assert "strided tensors only" in forward["sparse.mm"]["message"]
+    sparse = [t for name, t in forward.items() if name.startswith("sparse.mm")]  # (OpInfo: sparse.mm.reduce)
+    assert sparse and all(t["verdict"] == "inconclusive" for t in sparse)
+    assert all("strided tensors only" in t["message"] for t in sparse)
