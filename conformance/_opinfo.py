@@ -105,13 +105,24 @@ def op_key(op) -> str:
 
 
 def load_op_db() -> list:
-    """PyTorch's OpInfo database. Importing it runs common_utils, which
-    freezes torch.backends' flags for PyTorch's own test runs; the kit's
-    other checks set them, so they are unfrozen again."""
+    """PyTorch's OpInfo database. Importing it runs common_utils, which sets
+    up PyTorch's own test runs: it freezes torch.backends' flags and loads a
+    hypothesis profile of its own. The kit's other checks set those flags
+    and choose their own hypothesis settings, so both are put back."""
     import torch.backends
+
+    try:
+        import hypothesis
+
+        profile = getattr(hypothesis.settings, "_current_profile", None)
+    except ImportError:  # pragma: no cover - the kit depends on hypothesis
+        hypothesis, profile = None, None
     from torch.testing._internal.common_methods_invocations import op_db
 
-    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
+    # (torch.backends' functions keep the flag in their own globals)
+    torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+    if hypothesis is not None and profile:
+        hypothesis.settings.load_profile(profile)
     return list(op_db)
 
 

@@ -115,3 +115,20 @@ def test_an_operator_the_manifest_excludes_is_not_run_and_counts_for_nothing(mut
     sparse = [t for name, t in forward.items() if name.startswith("sparse.mm")]  # (OpInfo: sparse.mm.reduce)
     assert sparse and all(t["verdict"] == "inconclusive" for t in sparse)
     assert all("strided tensors only" in t["message"] for t in sparse)
+
+
+def test_loading_the_opinfo_database_leaves_torch_and_hypothesis_as_they_were():
+    """common_utils freezes torch.backends' flags and loads PyTorch's own
+    hypothesis profile on import: the kit's other checks must not see either."""
+    code = ("import hypothesis, torch\n"
+            "before = hypothesis.settings._current_profile\n"
+            "from privateuse1_conformance.conformance import _opinfo\n"
+            "_opinfo.load_op_db()\n"
+            "assert not torch.backends.flags_frozen()\n"
+            "assert hypothesis.settings._current_profile == before, hypothesis.settings._current_profile\n")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**__import__("os").environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
