@@ -221,8 +221,7 @@ def _decorations(op, check: str, device_type: str, dtype: torch.dtype | None) ->
 
 def tolerance(op, check: str, device_type: str, dtype: torch.dtype) -> tuple[float, float]:
     found = _decorations(op, check, device_type, dtype)
-    atol = found.get("atol", BASE_TOLERANCE) if "atol" in found else BASE_TOLERANCE
-    rtol = found.get("rtol", BASE_TOLERANCE) if "rtol" in found else BASE_TOLERANCE
+    atol, rtol = found.get("atol", BASE_TOLERANCE), found.get("rtol", BASE_TOLERANCE)
     if dtype in REDUCED_PRECISION:
         resolution = REDUCED_PRECISION_UNITS * torch.finfo(dtype).eps
         atol, rtol = max(atol, resolution), max(rtol, resolution)
@@ -333,14 +332,13 @@ class OperatorCheck:
     """Runs the checks of one OpInfo entry on `device_type` (device index 0)."""
 
     def __init__(self, op, device_type: str, dtypes: list[torch.dtype], derived: bool,
-                 backward: bool = True, errors: bool = True) -> None:
+                 backward: bool = True) -> None:
         self.op = op
         self.device_type = device_type
         self.device = f"{device_type}:0"
         self.dtypes = dtypes
         self.derived = derived       # the claim is the default (missing kernels are not-claimed)
         self.backward = backward
-        self.errors = errors
         self.report = OperatorReport(op_key(op))
 
     # ------------------------------------------------------------ helpers
@@ -361,6 +359,16 @@ class OperatorCheck:
     def _skip_reason(self, check: str, dtype: torch.dtype | None) -> str | None:
         return _decorations(self.op, check, self.device_type, dtype).get("skip")
 
+    def _begin(self, check: str, dtype: torch.dtype) -> Outcome | None:
+        """The outcome of `check` for `dtype`, or None when OpInfo skips the
+        check on every device or the operator is random (recorded as skips)."""
+        outcome = self.report.outcome(dtype_name(dtype), check)
+        skip = self._skip_reason(check, dtype)
+        if skip or self.report.random:
+            outcome.record("skip", skip or "random operator: values are not compared")
+            return None
+        return outcome
+
     # -------------------------------------------------------------- run
 
     def run(self) -> OperatorReport:
@@ -370,7 +378,7 @@ class OperatorCheck:
             except NotClaimed as e:
                 name = dtype_name(dtype)
                 self.report.cells[name] = {"forward": Outcome("not-claimed", str(e))}
-        if self.errors and self.op.error_inputs_func is not None:
+        if self.op.error_inputs_func is not None:
             try:
                 self._check_errors()
             except NotClaimed as e:
@@ -440,10 +448,8 @@ class OperatorCheck:
 
     def _check_noncontiguous(self, dtype, passed, atol, rtol) -> None:
         name = dtype_name(dtype)
-        outcome = self.report.outcome(name, "noncontiguous")
-        skip = self._skip_reason("noncontiguous", dtype)
-        if skip or self.report.random:
-            outcome.record("skip", skip or "random operator: values are not compared")
+        outcome = self._begin("noncontiguous", dtype)
+        if outcome is None:
             return
         clause = CHECKS["noncontiguous"][0]
         for index, sample, _, expected in passed:
@@ -469,10 +475,8 @@ class OperatorCheck:
         if not op.supports_out:
             return
         name = dtype_name(dtype)
-        outcome = self.report.outcome(name, "out")
-        skip = self._skip_reason("out", dtype)
-        if skip or self.report.random:
-            outcome.record("skip", skip or "random operator: values are not compared")
+        outcome = self._begin("out", dtype)
+        if outcome is None:
             return
         clause = CHECKS["out"][0]
         for index, sample, cpu_sample, _ in passed[:OUT_SAMPLES]:
@@ -519,10 +523,8 @@ class OperatorCheck:
         if inplace is None:
             return
         name = dtype_name(dtype)
-        outcome = self.report.outcome(name, "inplace")
-        skip = self._skip_reason("inplace", dtype)
-        if skip or self.report.random:
-            outcome.record("skip", skip or "random operator: values are not compared")
+        outcome = self._begin("inplace", dtype)
+        if outcome is None:
             return
         clause = CHECKS["inplace"][0]
         for index, sample, cpu_sample, _ in passed:
@@ -557,10 +559,8 @@ class OperatorCheck:
     def _check_backward(self, dtype, forward_passed: set[int]) -> None:
         op = self.op
         name = dtype_name(dtype)
-        outcome = self.report.outcome(name, "backward")
-        skip = self._skip_reason("backward", dtype)
-        if skip or self.report.random:
-            outcome.record("skip", skip or "random operator: values are not compared")
+        outcome = self._begin("backward", dtype)
+        if outcome is None:
             return
         clause = CHECKS["backward"][0]
         atol, rtol = tolerance(op, "backward", self.device_type, dtype)

@@ -18,12 +18,11 @@ from __future__ import annotations
 import pytest
 
 from privateuse1_conformance.harness.evidence import Violation, inconclusive
+from privateuse1_conformance.harness.operators import CELLS_PROPERTY, OUTCOMES_PROPERTY
 
 from . import _opinfo
 
 CONTRACTS = ("OP-INFO-001", "OP-INFO-002", "OP-INFO-003", "OP-INFO-004")
-OUTCOMES = "operator_outcomes"   # the user property the plugin turns into per-contract charges
-CELLS = "operator_cells"         # the user property of the report's operator matrix
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -57,9 +56,9 @@ def test_operator(opinfo_key: str, session, request) -> None:
     report = check.run()
     for name, reason in not_claimed.items():
         report.cells[name] = {"forward": _opinfo.Outcome("not-claimed", reason)}
-    request.node.user_properties.append((CELLS, report.to_json()))
+    request.node.user_properties.append((CELLS_PROPERTY, report.to_json()))
     outcomes = per_contract(report)
-    request.node.user_properties.append((OUTCOMES, outcomes))
+    request.node.user_properties.append((OUTCOMES_PROPERTY, outcomes))
     failed = [(c, o) for c, o in outcomes.items() if o[0] in ("fail", "error")]
     if failed:
         contract, (verdict, message, clause) = failed[0]

@@ -76,6 +76,13 @@ DEFAULT_OPERATORS = (
 )
 
 
+# The user properties an operators-area test (conformance/test_opinfo.py)
+# reports through: each contract's outcome, which the plugin charges, and
+# the dtype x check cells of the operator matrix.
+OUTCOMES_PROPERTY = "operator_outcomes"
+CELLS_PROPERTY = "operator_cells"
+
+
 class OperatorsError(ValueError):
     """A manifest's [operators] table or an --operators value is invalid."""
 
@@ -137,9 +144,8 @@ class Claims:
         if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
             return f"{dtype} is not among the manifest's [operators] dtypes"
         for exclusion in self.exclusions:
-            if matches(key, base, exclusion.pattern) and (not exclusion.dtypes or (dtype in exclusion.dtypes)):
-                if exclusion.dtypes and dtype is None:
-                    continue  # only some dtypes of it
+            # (an exclusion of some dtypes never excludes the whole operator)
+            if matches(key, base, exclusion.pattern) and (not exclusion.dtypes or dtype in exclusion.dtypes):
                 return exclusion.reason or "excluded by the manifest's [operators.exclude]"
         return None
 

@@ -46,9 +46,6 @@ from . import isolation, operators as operators_mod, registry as registry_mod, v
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
-# User properties of the operators area's tests (conformance/test_opinfo.py).
-OPERATOR_OUTCOMES = "operator_outcomes"
-OPERATOR_CELLS = "operator_cells"
 REQUIRES = "requires"
 DEFAULT_TIMEOUT = 60.0
 PREFLIGHT_TIMEOUT = 300.0
@@ -450,10 +447,9 @@ class ConformanceSession:
         elif missing:
             reports = [self._not_run_report(item, "inconclusive", self._not_claimed_reason(missing).replace(
                 "not claimed:", "not applicable here:", 1))]
-        elif self._operator_not_claimed(item):
-            reason = self._operator_not_claimed(item)
+        elif (reason := self._operator_not_claimed(item)):
             report = self._not_run_report(item, "inconclusive", f"not claimed: {reason}")
-            report.user_properties.append((OPERATOR_CELLS, {"*": {"forward": ["not-claimed", reason, 0]}}))
+            report.user_properties.append((operators_mod.CELLS_PROPERTY, {"*": {"forward": ["not-claimed", reason, 0]}}))
             reports = [report]
         elif self.isolation == "fork":
             reports = isolation.run_forked(item, self.timeout)
@@ -568,7 +564,7 @@ class ConformanceSession:
             if props["scope"][1]:
                 props["step"] = props["scope"][1]
         charges, note = self.charges(verdict, charged, contracts, unclaimed)
-        outcomes = props.get(OPERATOR_OUTCOMES)
+        outcomes = props.get(operators_mod.OUTCOMES_PROPERTY)
         if outcomes and report.when == "call":
             # An operators-area test checks several contracts independently:
             # each gets the outcome of its own checks (test_opinfo.per_contract).

@@ -22,6 +22,7 @@ from privateuse1_conformance.reports.model import Verdict
 from privateuse1_conformance.reports.text import one_line
 
 from . import registry as registry_mod
+from .operators import OUTCOMES_PROPERTY
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -164,7 +165,7 @@ class RunRecorder:
             test.step = props.get("step", "")
         # Per contract, likewise: the worst of the phases' charges.
         outcomes = self._contract_outcomes(charges, verdict, message)
-        operator_outcomes = props.get("operator_outcomes")
+        operator_outcomes = props.get(OUTCOMES_PROPERTY)
         if operator_outcomes and report.when == "call":  # an operators-area test: each contract's own outcome
             outcomes = {c: (charge, operator_outcomes.get(c, ["", ""])[1] or (
                 "" if charge is Verdict.PASS else
