@@ -70,7 +70,7 @@ def _run_child(item: pytest.Item, fd: int) -> None:
         _send(fd, {"$harness_error": traceback.format_exc()})
 
 
-def _redirect_output(config: pytest.Config, path: str, timeout: float, stacks: str) -> None:
+def _redirect_output(config: pytest.Config, path: str, stacks: str) -> None:
     """Child side: send all output to `path`, uncaptured, so that the parent
     can show what a crashed or hung test printed last (pytest's own capture
     would lose it with the process)."""
@@ -87,9 +87,9 @@ def _redirect_output(config: pytest.Config, path: str, timeout: float, stacks: s
     # Python's crash traceback goes to the log too (pytest pointed it at the
     # parent's terminal).
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
-    # Where every thread is, now and then: the parent's evidence of progress
-    # (harness/progress.py) and the account of a hang.
-    progress.start_stack_dumps(stacks, timeout)
+    # Where every thread is, when the parent judges the test hung (the
+    # account of a hang; harness/progress.py).
+    progress.enable_stack_dump(stacks)
 
 
 def _signal_name(number: int) -> str:
@@ -282,7 +282,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             os.close(read_fd)
             os.setpgid(0, 0)  # a hang kill takes the child's own children too
             evidence.set_channel(lambda message: _send(write_fd, message))  # open scopes, for crash verdicts
-            _redirect_output(config, output.name, timeout, stacks)
+            _redirect_output(config, output.name, stacks)
             _run_child(item, write_fd)
             # Everything is reported: flush what the test printed and say so
             # by closing the pipe now. The parent goes on while this process
@@ -296,8 +296,11 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             os._exit(0)
     # ----------------------------------------------------------- parent
     os.close(write_fd)
+    last_stacks = ""
     try:
         buffer, hung = _watch(pid, read_fd, started, timeout)
+        if hung is not None:  # the verdict is given: where were its threads?
+            last_stacks = progress.request_stack_dump(pid, stacks)
     finally:
         os.close(read_fd)
     timed_out = hung is not None
@@ -341,7 +344,6 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     duration = time.monotonic() - started
     tail = _tail(output.name)
     crashed_thread, crash_stack = _crashing_thread(output.name)
-    _, last_stacks = progress.last_dump(stacks)
     for path in (output.name, stacks):
         try:
             os.unlink(path)
@@ -357,7 +359,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         message = (f"HANG: the test did not finish within {timeout:g} s (during {when}{where}): {hung}; "
                    f"it was killed after {duration:.0f} s")
         if last_stacks:
-            message += f"\n--- where its threads were (last stack dump) ---\n{last_stacks}"
+            message += f"\n--- where its threads were when it was judged hung ---\n{last_stacks}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
         reports.append(synthesize(item, when, HANG, message, duration, scope, "hang: no result within the time limit"))

@@ -19,8 +19,8 @@ Why CPU time and not the stacks: a busy loop inside one backend call and a
 legitimate loop that spends most of its time on one line (a thousand calls
 of the same operator) give the same stack samples, so stacks cannot tell a
 spin from progress without failing correct backends. They are sampled all the
-same (faulthandler's periodic dumps, written by the test process to a file
-of its own) because they say where a hung test was stuck. CPU times come
+same, once, when the verdict is given (faulthandler, on a signal, writes
+them to a file of its own) because they say where a hung test was stuck. CPU times come
 from ``/proc/<pid>/stat``. Neither costs anything while a test is within its
 limit.
 """
@@ -29,40 +29,64 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import re
-import threading
+import signal
+import time
 from dataclasses import dataclass
 
 WINDOWS_PER_LIMIT = 4        # the progress window: a quarter of the time limit
 HARD_LIMIT = 4               # a test that keeps advancing is stopped at 4x its limit
 CPU_FLOOR = 0.01             # below 1 % of one CPU over a window: no progress
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_DUMP_HEADER = re.compile(r"^Timeout \([0-9:.]+\)!\n", re.MULTILINE)
 
 
 def window(timeout: float) -> float:
     return timeout / WINDOWS_PER_LIMIT
 
 
+DUMP_SIGNAL = signal.SIGUSR1  # asks a test process for its threads' stacks
+DUMP_WAIT = 2.0              # seconds the parent waits for them before it kills the process
 _dump_file = None  # open for the life of the test process: faulthandler writes to its descriptor
 
 
-def start_stack_dumps(path: str, timeout: float) -> None:
-    """Test process side: from one window before the time limit (the first
-    window a hang can be judged on), dump every thread's stack to `path`
-    twice per window. Not earlier: a test well within its limit needs no
-    account of where it was, and faulthandler's watchdog reads other
-    threads' frames without the GIL, which is best done as rarely as
-    possible."""
+def enable_stack_dump(path: str) -> None:
+    """Test process side: on DUMP_SIGNAL, write every thread's stack to
+    `path`. The parent sends it once, when it has judged the test hung and
+    is about to kill it, never while a test may still pass: faulthandler
+    reads the other threads' frames without the GIL, and a dump taken while
+    those threads run can crash the process (periodic dumps once turned slow
+    but correct tests into crashes)."""
     global _dump_file
     _dump_file = open(path, "w")
+    faulthandler.register(DUMP_SIGNAL, file=_dump_file, all_threads=True, chain=False)
 
-    def start() -> None:
-        faulthandler.dump_traceback_later(window(timeout) / 2, repeat=True, file=_dump_file)
 
-    timer = threading.Timer(max(0.0, timeout - window(timeout)), start)
-    timer.daemon = True
-    timer.start()
+def request_stack_dump(pid: int, path: str, wait: float = DUMP_WAIT) -> str:
+    """Parent side: ask the test process `pid` (judged hung) for its
+    threads' stacks and return them, or "" if none came within `wait`
+    seconds (a process that cannot run its signal handler). The verdict is
+    already given; this only says where the threads were."""
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + wait
+    size, text = -1, ""
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = _read(path)
+        # Done when something was written and nothing more came for a while.
+        if text and len(text) == size:
+            break
+        size = len(text)
+    return text.strip()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -95,23 +119,6 @@ def group_cpu(pgid: int) -> float:
         if fields and int(fields[2]) == pgid:  # pgrp is field 5 of proc(5)
             total += _cpu_seconds(fields)
     return total
-
-
-def last_dump(path: str) -> tuple[int, str]:
-    """(how many stack dumps `path` holds, the text of the last complete one)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return 0, ""
-    headers = list(_DUMP_HEADER.finditer(text))
-    if not headers:
-        return 0, ""
-    last = text[headers[-1].end():]
-    # A dump being written right now is cut short: then use the one before.
-    if len(headers) > 1 and not last.endswith("\n\n") and not last.endswith("\n"):
-        last = text[headers[-2].end():headers[-1].start()]
-    return len(headers), last.strip()
 
 
 @dataclass

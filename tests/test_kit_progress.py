@@ -25,10 +25,26 @@ def _work_until(deadline):
     while time.monotonic() < deadline:
         sum(range(1000))
 
+def _deep(depth):
+    return 0 if depth == 0 else _deep(depth - 1) + 1
+
+def _churn(deadline):
+    # Python frames made and freed all the time, in several threads: what a
+    # stack dump taken while the test runs trips over (faulthandler reads
+    # other threads' frames without the GIL).
+    while time.monotonic() < deadline:
+        _deep(30)
+
 @pytest.mark.contract("DM-NAME-001")
 def test_slow_but_advancing():
     # 2.5 times the limit (wall clock, whatever the load), below the hard limit
-    _work_until(time.monotonic() + {2.5 * LIMIT})
+    deadline = time.monotonic() + {2.5 * LIMIT}
+    threads = [threading.Thread(target=_churn, args=(deadline,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    _work_until(deadline)
+    for thread in threads:
+        thread.join()
 
 @pytest.mark.contract("DM-NAME-002")
 def test_work_in_a_child_process():
@@ -68,6 +84,8 @@ def _only_test(run, contract: str) -> dict:
 
 
 def test_a_slow_test_that_advances_is_not_a_hang(loaded_run):
+    # Nor a crash: the harness takes no stack dump of a test it has not
+    # judged hung (one taken while the threads run crashed such tests).
     test = _only_test(loaded_run, "DM-NAME-001")
     assert test["verdict"] == "pass", test["message"]
     assert test["duration_ms"] > LIMIT * 1000  # it did run past the limit
@@ -89,3 +107,25 @@ def test_a_busy_loop_is_a_hang_at_the_hard_limit(loaded_run):
     assert test["verdict"] == "hang", test["message"]
     assert f"{progress.HARD_LIMIT} times the time limit" in test["message"], test["message"]
     assert test["duration_ms"] >= progress.HARD_LIMIT * LIMIT * 1000
+
+
+def test_stacks_are_dumped_on_request_only(tmp_path):
+    """The account of a hang: the parent asks the judged-hung process for
+    its threads' stacks once (progress.request_stack_dump); nothing is
+    written before that."""
+    stacks = tmp_path / "stacks"
+    script = (f"import sys, threading; sys.path[:0] = {sys.path!r}\n"
+              "from privateuse1_conformance.harness import progress\n"
+              f"progress.enable_stack_dump({str(stacks)!r})\n"
+              "print('ready', flush=True)\n"
+              "def waiting_for_nothing():\n    threading.Event().wait()\n"
+              "waiting_for_nothing()\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert stacks.read_text() == ""
+        text = progress.request_stack_dump(child.pid, str(stacks), wait=30)
+        assert "waiting_for_nothing" in text, text
+    finally:
+        child.kill()
+        child.wait()
