@@ -53,17 +53,19 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from privateuse1_conformance.harness.evidence import scope
+from privateuse1_conformance.harness.evidence import progress, scope
+from privateuse1_conformance.harness.operators import CELLS_PROPERTY, CHECK_CLAUSES
 
 # check -> (clause, the PyTorch test whose OpInfo decorators apply to it)
-CHECKS = {
-    "forward": ("OP-INFO-001.1", ("TestCommon", "test_compare_cpu")),
-    "noncontiguous": ("OP-INFO-001.2", ("TestCommon", "test_noncontiguous_samples")),
-    "out": ("OP-INFO-002.1", ("TestCommon", "test_out")),
-    "inplace": ("OP-INFO-002.2", ("TestCommon", "test_variant_consistency_eager")),
-    "backward": ("OP-INFO-003.1", ("TestCommon", "test_compare_cpu")),
-    "errors": ("OP-INFO-004.1", ("TestCommon", "test_errors")),
+_PYTORCH_TESTS = {
+    "forward": ("TestCommon", "test_compare_cpu"),
+    "noncontiguous": ("TestCommon", "test_noncontiguous_samples"),
+    "out": ("TestCommon", "test_out"),
+    "inplace": ("TestCommon", "test_variant_consistency_eager"),
+    "backward": ("TestCommon", "test_compare_cpu"),
+    "errors": ("TestCommon", "test_errors"),
 }
+CHECKS = {check: (clause, _PYTORCH_TESTS[check]) for check, clause in CHECK_CLAUSES.items()}
 # The checks whose PyTorch test compares a device with the CPU (or a device's
 # errors): an expected failure there says the comparison fails everywhere.
 # The others' tests compare variants on one device: their expected failures
@@ -163,6 +165,10 @@ class OperatorReport:
     def to_json(self) -> dict[str, Any]:
         return {dtype: {check: [o.verdict, o.message, o.samples] for check, o in checks.items()}
                 for dtype, checks in self.cells.items()}
+
+    def property(self) -> dict[str, Any]:
+        """The value of the test's cells property (harness/operators.py)."""
+        return {"operator": self.name, "cells": self.to_json()}
 
 
 class NotClaimed(Exception):
@@ -359,10 +365,18 @@ class OperatorCheck:
     def _skip_reason(self, check: str, dtype: torch.dtype | None) -> str | None:
         return _decorations(self.op, check, self.device_type, dtype).get("skip")
 
+    def _at(self, dtype: str, check: str) -> Outcome:
+        """The outcome of `check` for `dtype`, which starts now: the parent
+        is told (the cells so far, and this one), so that a crash or hang
+        lands on this cell and the cells done before keep their verdicts."""
+        outcome = self.report.outcome(dtype, check)
+        progress(CELLS_PROPERTY, {**self.report.property(), "at": [dtype, check]})
+        return outcome
+
     def _begin(self, check: str, dtype: torch.dtype) -> Outcome | None:
         """The outcome of `check` for `dtype`, or None when OpInfo skips the
         check on every device or the operator is random (recorded as skips)."""
-        outcome = self.report.outcome(dtype_name(dtype), check)
+        outcome = self._at(dtype_name(dtype), check)
         skip = self._skip_reason(check, dtype)
         if skip or self.report.random:
             outcome.record("skip", skip or "random operator: values are not compared")
@@ -395,7 +409,7 @@ class OperatorCheck:
     def _run_dtype(self, dtype: torch.dtype) -> None:
         name = dtype_name(dtype)
         op = self.op
-        forward = self.report.outcome(name, "forward")
+        forward = self._at(name, "forward")
         skip = self._skip_reason("forward", dtype)
         if skip:
             forward.record("skip", skip)
@@ -628,7 +642,7 @@ class OperatorCheck:
         return list(grads), seeds
 
     def _check_errors(self) -> None:
-        outcome = self.report.outcome(ERRORS_DTYPE, "errors")
+        outcome = self._at(ERRORS_DTYPE, "errors")
         skip = self._skip_reason("errors", None)
         if skip:
             outcome.record("skip", skip)

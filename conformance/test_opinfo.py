@@ -56,7 +56,7 @@ def test_operator(opinfo_key: str, session, request) -> None:
     report = check.run()
     for name, reason in not_claimed.items():
         report.cells[name] = {"forward": _opinfo.Outcome("not-claimed", reason)}
-    request.node.user_properties.append((CELLS_PROPERTY, report.to_json()))
+    request.node.user_properties.append((CELLS_PROPERTY, report.property()))
     outcomes = per_contract(report)
     request.node.user_properties.append((OUTCOMES_PROPERTY, outcomes))
     failed = [(c, o) for c, o in outcomes.items() if o[0] in ("fail", "error")]

@@ -34,6 +34,7 @@ CONTRACT_TAG = "_pu1_contract"
 CLAUSE_TAG = "_pu1_clause"
 STEP_TAG = "_pu1_step"
 SCOPE_MESSAGE = "$scope"
+PROGRESS_MESSAGE = "$progress"
 
 
 class Violation(AssertionError):
@@ -130,3 +131,13 @@ def scope(contract: str, step: str | None = None) -> Iterator[None]:
             if not _scopes[thread]:
                 del _scopes[thread]
             _announce(thread)
+
+
+def progress(name: str, value) -> None:
+    """In a forked test process: tell the parent how far the test got, as a
+    user property `name` (JSON-serializable `value`, the latest wins) that
+    the parent attaches to the report of a crash or a hang, which would
+    otherwise lose it with the process. A test that finishes reports its
+    properties itself; its progress is then dropped."""
+    if _channel is not None and os.getpid() == _channel_pid:
+        _channel({PROGRESS_MESSAGE: [name, value]})

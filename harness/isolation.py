@@ -139,12 +139,13 @@ def _crashing_thread(path: str) -> tuple[int | None, str]:
 
 
 def synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float,
-                scope: list | None = None, cause: str = "") -> pytest.TestReport:
+                scope: list | None = None, cause: str = "", progressed: dict | None = None) -> pytest.TestReport:
     properties = [("verdict", kind)]
     if scope:
         properties.append(("scope", scope))
     if cause:
         properties.append(("cause", cause))
+    properties += list((progressed or {}).items())  # how far the test got (evidence.progress)
     return pytest.TestReport(
         nodeid=item.nodeid,
         location=item.location,
@@ -307,6 +308,7 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     reports: list[pytest.TestReport] = []
     harness_error = None
     scopes: dict[int, list] = {}  # thread -> its innermost evidence scope, as the child last said
+    progressed: dict = {}         # user property -> the test's latest progress (evidence.progress)
     while len(buffer) >= 4:  # complete frames only: a crash may cut the last one
         (size,) = struct.unpack("!I", buffer[:4])
         if len(buffer) < 4 + size:
@@ -315,6 +317,9 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         buffer = buffer[4 + size :]
         if "$harness_error" in payload:
             harness_error = payload["$harness_error"]
+        elif evidence.PROGRESS_MESSAGE in payload:
+            name, value = payload[evidence.PROGRESS_MESSAGE]
+            progressed[name] = value
         elif evidence.SCOPE_MESSAGE in payload:
             message = payload[evidence.SCOPE_MESSAGE]
             if message["scope"]:
@@ -362,7 +367,8 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             message += f"\n--- where its threads were when it was judged hung ---\n{last_stacks}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
-        reports.append(synthesize(item, when, HANG, message, duration, scope, "hang: no result within the time limit"))
+        reports.append(synthesize(item, when, HANG, message, duration, scope, "hang: no result within the time limit",
+                                  progressed))
     elif os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0 or "teardown" not in phases_done:
         if os.WIFSIGNALED(status):
             cause = f"was killed by {_signal_name(os.WTERMSIG(status))}"
@@ -375,7 +381,8 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             message += f"\n--- the thread that crashed ---\n{crash_stack}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
-        reports.append(synthesize(item, when, CRASH, message, duration, scope, f"crash: the test process {cause}"))
+        reports.append(synthesize(item, when, CRASH, message, duration, scope, f"crash: the test process {cause}",
+                                  progressed))
     elif tail and any(r.failed for r in reports):
         for report in reports:
             if report.failed:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from privateuse1_conformance.reports.model import OperatorCell, OperatorResult, Verdict
+
 # The operators most models use (OpInfo names; a name covers its variants):
 # elementwise arithmetic and math, comparisons, activations, reductions,
 # matrix products, convolution, pooling, normalization, losses, indexing,
@@ -78,9 +80,54 @@ DEFAULT_OPERATORS = (
 
 # The user properties an operators-area test (conformance/test_opinfo.py)
 # reports through: each contract's outcome, which the plugin charges, and
-# the dtype x check cells of the operator matrix.
+# the operator's cells of the operator matrix: {"operator": its OpInfo key,
+# "cells": {dtype: {check: [verdict, message, samples]}}}. While it runs,
+# the test sends the same property as its progress (harness/evidence.py),
+# with "at": [dtype, check] naming the check under way, so that a crash or
+# a hang lands on the cell it happened in and the cells done before stay.
 OUTCOMES_PROPERTY = "operator_outcomes"
 CELLS_PROPERTY = "operator_cells"
+
+# Each check of an operator and the clause of the statement it decides.
+CHECK_CLAUSES = {
+    "forward": "OP-INFO-001.1",
+    "noncontiguous": "OP-INFO-001.2",
+    "out": "OP-INFO-002.1",
+    "inplace": "OP-INFO-002.2",
+    "backward": "OP-INFO-003.1",
+    "errors": "OP-INFO-004.1",
+}
+ALL_DTYPES = "all"          # the cell of an operator the manifest excludes whole
+MATRIX_MESSAGE_LIMIT = 300  # characters of a cell's message kept in the matrix
+
+
+def operator_result(nodeid: str, cells: dict, verdict: Verdict, message: str,
+                    contract_verdicts: dict[str, Verdict]) -> OperatorResult:
+    """The matrix row of one operators-area test from its cells property.
+
+    `verdict` and `message` are the test's own: a crash or a hang lands on
+    the check the property says was under way ("at"). A failing check whose
+    contract the expectations file expects to fail (`contract_verdicts`
+    gives it xfail) is an xfail cell."""
+    rows: dict[str, dict[str, list]] = {d: dict(c) for d, c in cells.get("cells", {}).items()}
+    at = cells.get("at")
+    if verdict in (Verdict.CRASH, Verdict.HANG) and at:
+        dtype, check = at
+        rows.setdefault(dtype, {})[check] = [verdict.value, message.splitlines()[0] if message else "", 0]
+    result = OperatorResult(cells.get("operator", ""), nodeid)
+    for dtype, checks in rows.items():
+        cell = OperatorCell(dtype, {})
+        for check, (name, text, *_) in checks.items():
+            check_verdict = Verdict(name) if name else Verdict.SKIP  # (a check a crash cut short)
+            contract = CHECK_CLAUSES.get(check, "").split(".")[0]
+            if check_verdict.is_failure and contract_verdicts.get(contract) is Verdict.XFAIL:
+                check_verdict = Verdict.XFAIL
+            cell.checks[check] = check_verdict
+            if check_verdict is not Verdict.PASS and text:
+                cell.messages[check] = text if len(text) <= MATRIX_MESSAGE_LIMIT else \
+                    text[: MATRIX_MESSAGE_LIMIT - 1] + "…"
+        result.cells.append(cell)
+    return result
 
 
 class OperatorsError(ValueError):

@@ -449,7 +449,9 @@ class ConformanceSession:
                 "not claimed:", "not applicable here:", 1))]
         elif (reason := self._operator_not_claimed(item)):
             report = self._not_run_report(item, "inconclusive", f"not claimed: {reason}")
-            report.user_properties.append((operators_mod.CELLS_PROPERTY, {"*": {"forward": ["not-claimed", reason, 0]}}))
+            report.user_properties.append((operators_mod.CELLS_PROPERTY, {
+                "operator": item.callspec.params["opinfo_key"],
+                "cells": {operators_mod.ALL_DTYPES: {"forward": ["not-claimed", reason, 0]}}}))
             reports = [report]
         elif self.isolation == "fork":
             reports = isolation.run_forked(item, self.timeout)

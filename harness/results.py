@@ -22,7 +22,7 @@ from privateuse1_conformance.reports.model import Verdict
 from privateuse1_conformance.reports.text import one_line
 
 from . import registry as registry_mod
-from .operators import OUTCOMES_PROPERTY
+from .operators import CELLS_PROPERTY, OUTCOMES_PROPERTY, operator_result
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -128,6 +128,7 @@ class RunRecorder:
         self.session = session
         self.is_worker = hasattr(session.config, "workerinput")
         self.tests: dict[str, model.TestResult] = {}
+        self.operators: dict[str, model.OperatorResult] = {}  # the operator matrix, by node ID
         self.results: list[model.ContractResult] = []
         self.reached: str | None = None
         self.started = time.time()
@@ -176,6 +177,9 @@ class RunRecorder:
             if before is None or charge.severity > before.severity:
                 test.verdicts[contract_id] = charge
                 test.messages[contract_id] = text
+        cells = props.get(CELLS_PROPERTY)
+        if cells is not None:  # an operators-area test: its row of the operator matrix
+            self.operators[report.nodeid] = operator_result(test.nodeid, cells, verdict, message, test.verdicts)
 
     @staticmethod
     def _contract_outcomes(charges: dict[str, Verdict], verdict: Verdict,
@@ -245,6 +249,7 @@ class RunRecorder:
             uncovered=[c.id for c in session.registry.up_to(session.level) if c.id not in session.covered]
             if complete else [],
             stale_expectations=self.stale_expectations(),
+            operators=list(self.operators.values()),
         )
 
     def finish(self, exitstatus: int, started: float, duration: float) -> None:

@@ -8,6 +8,12 @@ A contract present in both reports is
 * otherwise "changed" if its verdict changed (pass -> xpass, crash -> fail).
 Contracts in only one report are added or removed. The level reached is
 compared too; a lower level counts as a regression.
+
+The operator matrix is compared cell by cell (operator x dtype), by the same
+rules: a cell that passed and now fails, crashes or hangs (or fails worse) is
+an operator regression, and gates like a contract's. A contract that was
+already failing for one operator hides nothing: a second operator breaking
+shows here.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from . import json_report, markdown
 from .model import LEVELS, Verdict
-from .text import one_line, single_line, title
+from .text import FAILING, cell_problems, one_line, single_line, title
 
 # Severity of a contract verdict; a contract without a result is worst of all.
 _SEVERITY = {**{v.value: v.severity for v in Verdict}, json_report.NO_TEST: max(v.severity for v in Verdict) + 1}
@@ -44,6 +50,15 @@ class Change:
 
 
 @dataclass
+class CellChange:
+    operator: str
+    dtype: str
+    old: str | None   # the cell's verdict; None: not in that report
+    new: str | None
+    message: str = ""  # the newer report's checks that did not pass
+
+
+@dataclass
 class Diff:
     old: str                  # title of each report ("openreg: full 100%")
     new: str
@@ -55,6 +70,8 @@ class Diff:
     added: list[Change] = field(default_factory=list)
     removed: list[Change] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    operator_regressions: list[CellChange] = field(default_factory=list)
+    operator_fixes: list[CellChange] = field(default_factory=list)
 
     @property
     def level_dropped(self) -> bool:
@@ -62,7 +79,7 @@ class Diff:
 
     @property
     def regressed(self) -> bool:
-        return bool(self.regressions) or self.level_dropped
+        return bool(self.regressions) or bool(self.operator_regressions) or self.level_dropped
 
 
 def _level_rank(level: str | None) -> int:
@@ -119,7 +136,32 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> Diff:
                 result.regressions.append(change)
             else:
                 result.changed.append(change)
+    _diff_cells(old, new, result)
     return result
+
+
+_SATISFIES = ("pass", "xpass")
+
+
+def _cells(document: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["name"], c["dtype"]): c for o in document.get("operators", []) for c in o["cells"]}
+
+
+def _diff_cells(old: dict[str, Any], new: dict[str, Any], result: Diff) -> None:
+    """Operator regressions and fixes: cells present in both reports (an
+    operator not checked in one of them, as with another --operators, is no
+    change)."""
+    before, after = _cells(old), _cells(new)
+    for key, cell in after.items():
+        previous = before.get(key)
+        if previous is None or previous["verdict"] == cell["verdict"]:
+            continue
+        change = CellChange(key[0], key[1], previous["verdict"], cell["verdict"], one_line(cell_problems(cell)))
+        was, now = previous["verdict"] in _SATISFIES, cell["verdict"] in _SATISFIES
+        if cell["verdict"] in FAILING and (was or _SEVERITY[cell["verdict"]] > _SEVERITY[previous["verdict"]]):
+            result.operator_regressions.append(change)
+        elif now and previous["verdict"] in FAILING:
+            result.operator_fixes.append(change)
 
 
 # ------------------------------------------------------------------ output
@@ -139,8 +181,11 @@ def _level_line(result: Diff) -> str:
     return f"Level reached: {old} -> {new} ({'dropped' if result.level_dropped else 'raised'})"
 
 
+CELL_SECTIONS = (("operator_regressions", "Operator regressions"), ("operator_fixes", "Operator fixes"))
+
+
 def _verdict_line(result: Diff) -> str:
-    counts = ", ".join(f"{len(getattr(result, key))} {label.lower()}" for key, label in SECTIONS)
+    counts = ", ".join(f"{len(getattr(result, key))} {label.lower()}" for key, label in SECTIONS + CELL_SECTIONS)
     gate = "REGRESSED" if result.regressed else "no regression"
     return f"{gate}: {counts}"
 
@@ -158,6 +203,12 @@ def format_text(result: Diff) -> str:
                          + (f"  {change.message}" if change.message and key != "fixes" else ""))
             for test in change.tests:
                 lines.append(f"      {test.nodeid}: {test.old or '(absent)'} -> {test.new or '(absent)'}")
+    for key, label in CELL_SECTIONS:
+        cells = getattr(result, key)
+        if cells:
+            lines += ["", f"{label} ({len(cells)}):"]
+            lines += [f"  {c.operator} {c.dtype}: {c.old} -> {c.new}" + (f"  {c.message}" if c.message else "")
+                      for c in cells]
     lines += ["", _verdict_line(result)]
     return "\n".join(map(single_line, lines)) + "\n"
 
@@ -174,6 +225,13 @@ def format_markdown(result: Diff) -> str:
                      markdown.escape(c.message)] for c in changes]
             lines += ["", f"### {label} ({len(changes)})", "",
                       *markdown.table(["contract", "area", "level", "verdict", "message"], rows)]
+    for key, label in CELL_SECTIONS:
+        cells = getattr(result, key)
+        if cells:
+            rows = [[markdown.escape(c.operator, inline=True), markdown.escape(c.dtype, inline=True),
+                     markdown.escape(f"{c.old} -> {c.new}", inline=True), markdown.escape(c.message, inline=True)]
+                    for c in cells]
+            lines += ["", f"### {label} ({len(cells)})", "", *markdown.table(["operator", "dtype", "verdict", "checks"], rows)]
     return "\n".join(lines) + "\n"
 
 

@@ -18,8 +18,13 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from .text import (VERDICT_COLOURS, VERDICT_ORDER, failing_contracts, map_strings, printable, provenance_rows,
-                   satisfied_percent, title, truncate, unsatisfied_of_level)
+from .text import (VERDICT_COLOURS, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, map_strings,
+                   matrix_dtypes, printable, provenance_rows, satisfied_percent, title, truncate, unsatisfied_of_level)
+
+# One letter per verdict in the operator matrix's squares (the colour says it
+# too; the letter is for people who do not tell the colours apart).
+CELL_LETTERS = {"pass": "", "xpass": "+", "fail": "F", "error": "E", "crash": "C", "hang": "H", "not-claimed": "n",
+                "skip": "s", "xfail": "x", "inconclusive": "?", "no-test": "-"}
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -53,4 +58,16 @@ def render(document: dict[str, Any]) -> str:
         css=Markup((TEMPLATES / "report.css").read_text(encoding="utf-8")),
         script=Markup(script),
         script_hash=script_hash,
+        **_matrix(display),
     )
+
+
+def _matrix(display: dict[str, Any]) -> dict[str, Any]:
+    """The operator matrix as rows of (operator, [cell or None per dtype column])."""
+    dtypes = matrix_dtypes(display)
+    rows = []
+    for operator in display.get("operators", []):
+        by_dtype = {cell["dtype"]: cell for cell in operator["cells"]}
+        rows.append((operator, [by_dtype.get(dtype) for dtype in dtypes]))
+    return {"matrix_dtypes": dtypes, "matrix_rows": rows, "failing_cells": failing_cells(display),
+            "cell_problems": cell_problems, "cell_letters": CELL_LETTERS}

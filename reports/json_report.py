@@ -19,13 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .model import (LEVELS, ContractInfo, ContractResult, Provenance, Run, TestResult, Verdict, contract_satisfied,
-                    root_causes)
+from .model import (LEVELS, ContractInfo, ContractResult, OperatorCell, OperatorResult, Provenance, Run, TestResult,
+                    Verdict, contract_satisfied, root_causes)
 from .text import map_strings
 
 FORMAT = "privateuse1-conformance-report"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)   # older documents are read (diff, render), never written
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)   # older documents are read (diff, render), never written
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 SCHEMA_PATH = SCHEMA_DIR / f"report-{FORMAT_VERSION}.schema.json"
 DIGEST_ALGORITHM = "sha256"
@@ -91,6 +91,28 @@ def _contract_document(result: ContractResult, optional: set[str]) -> dict[str, 
     }
 
 
+def _operator_document(result: OperatorResult) -> dict[str, Any]:
+    return {
+        "name": result.name,
+        "nodeid": result.nodeid,
+        "verdict": result.verdict.value,
+        "claimed": result.claimed,
+        "cells": [{"dtype": cell.dtype, "verdict": cell.verdict.value,
+                   "checks": {check: verdict.value for check, verdict in cell.checks.items()},
+                   "messages": dict(cell.messages)} for cell in result.cells],
+    }
+
+
+def _operators_summary(operators: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts of the operator matrix: operators by verdict, and cells by verdict."""
+    return {
+        "operators": len(operators),
+        "claimed": sum(o["claimed"] for o in operators),
+        "verdicts": _count([o["verdict"] for o in operators]),
+        "cells": _count([c["verdict"] for o in operators for c in o["cells"]]),
+    }
+
+
 # The order people read provenance in (the renderings follow it).
 PROVENANCE_ORDER = (
     "backend_name", "backend_requested", "backend_module", "backend_version", "backend_file", "device_type",
@@ -116,7 +138,7 @@ def _group_summary(contracts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(run: Run, contracts: list[dict[str, Any]], operators: list[dict[str, Any]]) -> dict[str, Any]:
     """Summaries of the contract documents (built from their verdicts and
     satisfied flags, which model computed: the report is rewritten after
     every test, so nothing is computed twice)."""
@@ -153,6 +175,7 @@ def _summary(run: Run, contracts: list[dict[str, Any]]) -> dict[str, Any]:
             {"cause": group.cause, "verdict": group.verdict.value, "tests": group.tests, "contracts": group.contracts}
             for group in root_causes(run.contracts)
         ],
+        "operators": _operators_summary(operators),
     }
 
 
@@ -160,13 +183,15 @@ def to_document(run: Run) -> dict[str, Any]:
     """The canonical document of `run`, sealed with its digest."""
     optional = set(run.optional_features)
     contracts = [_contract_document(r, optional) for r in run.contracts]
+    operators = [_operator_document(o) for o in run.operators]
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "complete": run.complete,
         "provenance": _provenance_document(run.provenance),
-        "summary": _summary(run, contracts),
+        "summary": _summary(run, contracts, operators),
         "contracts": contracts,
+        "operators": operators,
     }
     try:
         return seal(document)
@@ -212,6 +237,13 @@ def from_document(document: dict[str, Any]) -> Run:
         )
         for entry, tests in contracts
     ]
+    operators = [
+        OperatorResult(entry["name"], entry["nodeid"], [
+            OperatorCell(cell["dtype"], {check: Verdict(v) for check, v in cell["checks"].items()},
+                         dict(cell["messages"]))
+            for cell in entry["cells"]])
+        for entry in document.get("operators", [])  # (format 3)
+    ]
     summary = document["summary"]
     return Run(
         provenance=Provenance(**provenance),
@@ -222,6 +254,7 @@ def from_document(document: dict[str, Any]) -> Run:
         complete=document["complete"],
         uncovered=list(summary["uncovered"]),
         stale_expectations=list(summary["stale_expectations"]),
+        operators=operators,
     )
 
 

@@ -9,6 +9,11 @@ verdict was charged to. Verdicts map as pytest's own junitxml does: fail ->
 <failure>; error, crash, hang -> <error>; skip, not-claimed, inconclusive,
 xfail -> <skipped>; pass, xpass -> a plain testcase. A contract no test
 reported on gets a <skipped> testcase, so that it is visible.
+
+An operators-area test (one operator) carries its row of the operator
+matrix: every dtype's verdict in <system-out>, the failing cells with their
+checks' messages in its <failure> or <error>. The cells are not testcases
+of their own: a wrong kernel fails one test, and counts once.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from .text import FAILING, VERDICT_ORDER, printable, truncate
+from .text import FAILING, VERDICT_ORDER, cell_problems, printable, truncate
 
 MESSAGE_LIMIT = 1000  # attribute values; the full text goes into the element body
 ERRORS = ("error", "crash", "hang")
@@ -35,8 +40,17 @@ def _element(parent: ET.Element, tag: str, text: str = "", **attributes: str) ->
     return element
 
 
+def _matrix_row(operator: dict[str, Any]) -> tuple[str, str]:
+    """(every cell's verdict, one per line; the failing cells with their checks)."""
+    cells = [f"{c['dtype']}: {c['verdict']}" for c in operator["cells"]]
+    failing = [f"{operator['name']} {c['dtype']}: {c['verdict']}: {cell_problems(c)}" for c in operator["cells"]
+               if c["verdict"] in FAILING or c["verdict"] == "xfail"]
+    return "\n".join(cells), "\n".join(failing)
+
+
 def _testcase(suite: ET.Element, area: str, test: dict[str, Any],
-              contracts: dict[str, dict[str, Any]] | None = None) -> ET.Element:
+              contracts: dict[str, dict[str, Any]] | None = None,
+              operator: dict[str, Any] | None = None) -> ET.Element:
     case = _element(suite, "testcase", classname=f"{area}.{'+'.join(test['contracts'])}",
                     name=test["nodeid"], time=_seconds(test["duration_ms"]))
     verdict = test["verdict"]
@@ -46,15 +60,18 @@ def _testcase(suite: ET.Element, area: str, test: dict[str, Any],
     charged = (contracts or {}).get(test.get("charged") or test["contracts"][0])
     contract = (f"{charged['id']}: {charged['statement']}\nSource: {charged['source']}"
                 if charged and verdict in FAILING else "")
-    body = "\n\n".join(part for part in (test["message"], contract, test["details"]) if part)
+    cells, failing = _matrix_row(operator) if operator else ("", "")
+    body = "\n\n".join(part for part in (test["message"], failing, contract, test["details"]) if part)
     if verdict == "fail":
         _element(case, "failure", body, message=message, type=verdict)
     elif verdict in ERRORS:
         _element(case, "error", body, message=message, type=verdict)
     elif verdict in SKIPS:
         _element(case, "skipped", message=message, type=verdict)
-    if test["rerun"]:
-        _element(case, "system-out", f"rerun: {test['rerun']}")
+    out = "\n".join(part for part in (f"rerun: {test['rerun']}" if test["rerun"] else "",
+                                      f"operator matrix ({operator['name']}):\n{cells}" if operator else "") if part)
+    if out:
+        _element(case, "system-out", out)
     return case
 
 
@@ -83,7 +100,7 @@ def render(document: dict[str, Any]) -> str:
 
     def _count(suite: ET.Element, test: dict[str, Any]) -> None:
         area = suite.get("name", "")
-        _testcase(suite, area, test, by_id)
+        _testcase(suite, area, test, by_id, matrix.get(test["nodeid"]))
         verdict = test["verdict"]
         counts[area]["tests"] += 1
         counts[area]["failures"] += verdict == "fail"
@@ -107,6 +124,7 @@ def render(document: dict[str, Any]) -> str:
     tests: dict[str, dict[str, Any]] = {}
     areas = {c["id"]: c["area"] for c in document["contracts"]}
     by_id = {c["id"]: c for c in document["contracts"]}
+    matrix = {o["nodeid"]: o for o in document.get("operators", [])}  # (format 3)
     for contract in document["contracts"]:
         for test in contract["tests"]:
             known = tests.get(test["nodeid"])

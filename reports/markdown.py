@@ -16,8 +16,8 @@ import html
 import re
 from typing import Any
 
-from .text import (FAILING, VERDICT_ORDER, failing_contracts, one_line, printable, provenance_rows, satisfied_percent,
-                   source_links, title, truncate, unsatisfied_of_level)
+from .text import (FAILING, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, one_line, printable,
+                   provenance_rows, satisfied_percent, source_links, title, truncate, unsatisfied_of_level)
 
 BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a header
 # The most of each failure's details to show; shortened step by step (every
@@ -32,6 +32,7 @@ _INLINE = re.compile(r"([\\`*\[\]<>|~$&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
 _LINE_START = re.compile(r"^(\s*)(?:([#>+=-])|(\d+)([.)]))")
 _BACKTICKS = re.compile("`+")
 MAX_IDS = 25  # a list of contract IDs longer than this is shortened by whole IDs
+MAX_CELLS = 40  # failing cells of the operator matrix listed (the rest: report.html, report.json)
 
 
 def escape(text: str, limit: int = 200, inline: bool = False) -> str:
@@ -146,6 +147,29 @@ def _failure(contract: dict[str, Any], detail_limit: int, torch_version: str | N
     return lines
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts[v]} {v}" for v in reversed(VERDICT_ORDER) if counts.get(v))
+
+
+def _operators(document: dict[str, Any]) -> list[str]:
+    """The operator matrix, summarized: counts, then the cells that failed."""
+    operators = document.get("operators", [])  # (format 3)
+    if not operators:
+        return []
+    counts = document["summary"]["operators"]
+    lines = ["", "### Operators", "",
+             f"{counts['operators']} operators checked, {counts['claimed']} claimed by the backend. "
+             f"Operators: {_counts(counts['verdicts'])}. Cells (operator × dtype): {_counts(counts['cells'])}."]
+    cells = failing_cells(document)
+    if cells:
+        rows = [[escape(o["name"], 100, inline=True), escape(c["dtype"], 40, inline=True), c["verdict"],
+                 escape(cell_problems(c), 240, inline=True)] for o, c in cells[:MAX_CELLS]]
+        lines += ["", *table(["operator", "dtype", "verdict", "checks"], rows)]
+        if len(cells) > MAX_CELLS:
+            lines += ["", f"… and {len(cells) - MAX_CELLS} more failing cells: see report.html or report.json."]
+    return lines
+
+
 def _lists(document: dict[str, Any]) -> list[str]:
     summary, lines = document["summary"], []
     causes = summary.get("root_causes", [])  # (format 2)
@@ -172,7 +196,7 @@ def _provenance(document: dict[str, Any]) -> list[str]:
 
 
 def render(document: dict[str, Any], budget: int = BUDGET) -> str:
-    head = _overview(document) + _lists(document)
+    head = _overview(document) + _operators(document) + _lists(document)
     tail = _provenance(document)
     failures = failing_contracts(document)
     torch_version = document["provenance"].get("torch_version")

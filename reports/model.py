@@ -208,6 +208,48 @@ def root_causes(results: list[ContractResult], minimum: int = 2) -> list[RootCau
     return sorted(shared, key=lambda g: (-len(g.tests), -g.verdict.severity, g.cause))
 
 
+def evidence_verdict(verdicts: list[Verdict]) -> Verdict | None:
+    """The worst of `verdicts` that are evidence (neither skip nor
+    inconclusive); the worst of all when none is; None for none."""
+    return worst([v for v in verdicts if v not in (Verdict.SKIP, Verdict.INCONCLUSIVE)] or verdicts)
+
+
+@dataclass
+class OperatorCell:
+    """One dtype of one operator in the operator matrix: each check's verdict
+    (forward, noncontiguous, out, inplace, backward, errors: see
+    docs/operators.md) and, where it is not a pass, why."""
+
+    dtype: str                 # "float32"; "any" for the error checks; "all" when the whole operator is unclaimed
+    checks: dict[str, Verdict]
+    messages: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        """The worst check that was evidence; skip when none was."""
+        return evidence_verdict(list(self.checks.values())) or Verdict.SKIP
+
+
+@dataclass
+class OperatorResult:
+    """One operator (an OpInfo entry) of the operators area: its test and its
+    dtype cells. The test's verdicts per contract are in the contract results;
+    the matrix says which dtypes and checks they come from."""
+
+    name: str
+    nodeid: str
+    cells: list[OperatorCell] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        return evidence_verdict([c.verdict for c in self.cells]) or Verdict.SKIP
+
+    @property
+    def claimed(self) -> bool:
+        """Whether the backend claims any dtype of the operator."""
+        return any(c.verdict is not Verdict.NOT_CLAIMED for c in self.cells)
+
+
 @dataclass
 class Provenance:
     """Where a result comes from: enough to reproduce and to trust it."""
@@ -253,6 +295,7 @@ class Run:
     complete: bool                # False while running, or if the run was cut short
     uncovered: list[str] = field(default_factory=list)
     stale_expectations: list[str] = field(default_factory=list)
+    operators: list[OperatorResult] = field(default_factory=list)   # the operator matrix, in run order
 
     @property
     def level_reached(self) -> str | None:

@@ -125,3 +125,38 @@ def source_links(source: str, torch_version: str | None) -> list[tuple[str, str]
             seen.add(path)
             links.append((path, f"https://github.com/pytorch/pytorch/blob/{ref}/{path}"))
     return links
+
+
+# ------------------------------------------------------------ operator matrix
+
+# The order of a matrix's columns: floating types first, then complex,
+# integer and boolean ones; then "any" (the error checks) and "all" (an
+# operator excluded whole). Unknown dtypes go last, by name.
+_DTYPE_ORDER = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "int64",
+                "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool", "any", "all")
+
+
+def matrix_dtypes(document: dict[str, Any]) -> list[str]:
+    """The dtypes of the operator matrix's columns, in display order."""
+    found = {c["dtype"] for o in document.get("operators", []) for c in o["cells"]}
+    rank = {d: i for i, d in enumerate(_DTYPE_ORDER)}
+    return sorted(found, key=lambda d: (rank.get(d, len(rank)), d))
+
+
+def failing_cells(document: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(operator, cell) for every cell whose verdict is a failure or an
+    expected one, worst verdict first (stable within a verdict)."""
+    cells = [(o, c) for o in document.get("operators", []) for c in o["cells"]
+             if c["verdict"] in FAILING or c["verdict"] == "xfail"]
+    return sorted(cells, key=lambda oc: VERDICT_ORDER.index(oc[1]["verdict"]))
+
+
+def cell_problems(cell: dict[str, Any]) -> str:
+    """'forward: fail (why); out: fail (why)': the checks of a cell that did
+    not pass, with their messages."""
+    parts = []
+    for check, verdict in cell["checks"].items():
+        if verdict in FAILING or verdict == "xfail":
+            why = cell["messages"].get(check, "")
+            parts.append(f"{check}: {verdict}" + (f" ({why})" if why else ""))
+    return "; ".join(parts)

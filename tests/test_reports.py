@@ -19,7 +19,7 @@ import pytest
 
 from privateuse1_conformance.reports import badge, diff, html as html_report, json_report, junit, markdown, verify
 from privateuse1_conformance.reports import writer
-from privateuse1_conformance.reports.model import ContractInfo, ContractResult, Provenance, Run
+from privateuse1_conformance.reports.model import ContractInfo, ContractResult, OperatorCell, OperatorResult, Provenance, Run
 from privateuse1_conformance.reports.model import TestResult as ModelTestResult  # not a test class for pytest
 from privateuse1_conformance.reports.model import Verdict, level_reached
 
@@ -83,7 +83,24 @@ def make_run(contracts=CONTRACTS, text: str = "", complete: bool = True, **prove
                                       rerun=f"privateuse1-conformance run --backend=fake --contract={contract_id}"))
     return Run(provenance=_provenance(**provenance), contracts=results, optional_features=OPTIONAL,
                unclaimed_features=["amp"], claimed_level=None, complete=complete,
-               uncovered=["AM-TWO-001"] if complete else [], stale_expectations=["DM-TWO-001"])
+               uncovered=["AM-TWO-001"] if complete else [], stale_expectations=["DM-TWO-001"],
+               operators=make_operators(text))
+
+
+def make_operators(text: str = "", mul_int32: Verdict = V.FAIL) -> list[OperatorResult]:
+    """Three rows of an operator matrix: add passes; mul's int32 cell has
+    verdict `mul_int32` (its forward check); conv is not claimed at all."""
+    def cell(dtype, **checks):
+        return OperatorCell(dtype, {c: v for c, v in checks.items()},
+                            {c: f"{c} {v.value} {text}" for c, v in checks.items() if v is not V.PASS})
+    return [
+        OperatorResult("add", "test_opinfo.py::test_operator[add]",
+                       [cell("float32", forward=V.PASS, backward=V.PASS), cell("int32", forward=V.PASS)]),
+        OperatorResult(f"mul{text[:30]}", "test_opinfo.py::test_operator[mul]",
+                       [cell("float32", forward=V.PASS, out=V.SKIP), cell("int32", forward=mul_int32),
+                        cell("any", errors=V.PASS)]),
+        OperatorResult("conv", "test_opinfo.py::test_operator[conv]", [cell("all", forward=V.NOT_CLAIMED)]),
+    ]
 
 
 def passing_run(**provenance) -> Run:
@@ -647,3 +664,63 @@ def test_junit_and_html_show_each_failures_statement_and_source():
         assert "Statement of " in failure.text and "Source: torch.docs" in failure.text
     page = html_report.render(document)
     assert page.count("source: torch.docs") == len([c for c in document["contracts"] if not c["satisfied"]])
+
+
+# --------------------------------------------------------------- operator matrix
+
+def test_operator_matrix_in_the_document():
+    document = json_report.to_document(make_run())
+    assert json_report.schema_problems(document) == []
+    by_name = {o["name"]: o for o in document["operators"]}
+    assert by_name["add"]["verdict"] == "pass" and by_name["add"]["claimed"]
+    mul = by_name["mul"]
+    # A cell is its worst check that is evidence (a skipped check is none).
+    assert [c["verdict"] for c in mul["cells"]] == ["pass", "fail", "pass"] and mul["verdict"] == "fail"
+    assert mul["cells"][1]["messages"] == {"forward": "forward fail "}
+    assert by_name["conv"]["verdict"] == "not-claimed" and not by_name["conv"]["claimed"]
+    counts = document["summary"]["operators"]
+    assert (counts["operators"], counts["claimed"]) == (3, 2)
+    assert counts["verdicts"]["fail"] == 1 and counts["cells"]["pass"] == 4 and counts["cells"]["fail"] == 1
+
+
+def test_verify_catches_a_forged_operator_cell():
+    run = passing_run()
+    document = json_report.to_document(run)
+    assert _verify(document, run).ok
+    forged = copy.deepcopy(document)
+    forged["operators"][1]["cells"][1]["verdict"] = "pass"   # the int32 mul cell, its check still failing
+    forged["operators"][1]["verdict"] = "pass"
+    forged["summary"]["operators"]["verdicts"]["pass"] += 1
+    forged["summary"]["operators"]["verdicts"]["fail"] -= 1
+    json_report.seal(forged)
+    problems = _verify(forged, run).problems
+    assert any("inconsistent: /operators/1" in p for p in problems), problems
+
+
+def test_every_rendering_shows_the_failing_cells():
+    document = json_report.to_document(make_run())
+    text = markdown.render(document)
+    assert "### Operators" in text and "3 operators checked, 2 claimed" in text
+    assert "| mul | int32 | fail | forward: fail (forward fail ) |" in text
+    page = html_report.render(document)
+    assert 'id="operator-matrix"' in page and 'class="cell v-fail"' in page and 'class="cell v-not-claimed"' in page
+    failing = next(c for c in document["contracts"] if c["id"] == "ST-ONE-001")["tests"][1]
+    failing["nodeid"] = "test_opinfo.py::test_operator[mul]"   # the operator's test (not resealed: rendering only)
+    root = ET.fromstring(junit.render(document).encode("utf-8"))
+    [case] = [c for c in root.iter("testcase") if c.get("name") == "test_opinfo.py::test_operator[mul]"]
+    assert "int32: fail" in case.find("system-out").text
+    assert "mul int32: fail: forward: fail" in case.find("failure").text
+
+
+def test_diff_shows_operator_regressions_inside_an_already_failing_contract():
+    old = json_report.to_document(make_run())
+    new_run = make_run()
+    new_run.operators = make_operators(mul_int32=V.CRASH)
+    new_run.operators[0].cells[0].checks["forward"] = V.FAIL   # add float32 breaks as well
+    result = diff.diff(old, json_report.to_document(new_run))
+    assert [(c.operator, c.dtype, c.old, c.new) for c in result.operator_regressions] == [
+        ("add", "float32", "pass", "fail"), ("mul", "int32", "fail", "crash")]
+    assert result.regressed
+    assert "Operator regressions (2)" in diff.format_text(result)
+    back = diff.diff(json_report.to_document(new_run), old)
+    assert [(c.operator, c.dtype) for c in back.operator_fixes] == [("add", "float32")]
