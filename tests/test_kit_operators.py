@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from kit_support import run_suite
+from kit_support import FIXTURE_DIR, run_suite
 from privateuse1_conformance.harness import backend as backend_mod
 from privateuse1_conformance.harness import operators as operators_mod
 
@@ -115,6 +115,52 @@ def test_an_operator_the_manifest_excludes_is_not_run_and_counts_for_nothing(mut
     sparse = [t for name, t in forward.items() if name.startswith("sparse.mm")]  # (OpInfo: sparse.mm.reduce)
     assert sparse and all(t["verdict"] == "inconclusive" for t in sparse)
     assert all("strided tensors only" in t["message"] for t in sparse)
+
+
+def test_the_matrix_shows_the_wrong_cell_and_the_excluded_operator(mutated_run):
+    operators = {o["name"]: o for o in mutated_run.report["operators"]}
+    mul = {c["dtype"]: c for c in operators["mul"]["cells"]}
+    assert mul["int32"]["verdict"] == "fail" and mul["int32"]["checks"]["forward"] == "fail"
+    assert mul["float32"]["verdict"] == "pass" and mul["int64"]["verdict"] == "pass"
+    assert operators["tanh"]["verdict"] == "pass"
+    sparse = [o for name, o in operators.items() if name.startswith("sparse.mm")]
+    assert sparse and all(o["verdict"] == "not-claimed" and not o["claimed"] for o in sparse)
+    assert mutated_run.report["summary"]["operators"]["verdicts"]["fail"] == 1
+
+
+@pytest.fixture(scope="module")
+def faulty_operators_run(tmp_path_factory):
+    """pu1_faulty, a backend we did not write for OpenReg: neg is wrong for
+    int32, abs crashes for float64 (tests/fixtures/fixture_backend.cpp)."""
+    if not any(FIXTURE_DIR.glob("pu1_faulty*.so")):
+        pytest.skip("fixture backends are not built (make build)")
+    folder = tmp_path_factory.mktemp("faulty-operators")
+    return run_suite("pu1_faulty", folder, "--contract=OP-INFO-001,OP-INFO-002,OP-INFO-003,OP-INFO-004",
+                     "--operators=add,neg,abs", "--contract-timeout=60")
+
+
+def test_a_backend_we_did_not_write_fails_its_wrong_operator(faulty_operators_run):
+    forward = _tests(faulty_operators_run, "OP-INFO-001")
+    assert forward["neg"]["verdict"] == "fail" and forward["neg"]["clause"] == "OP-INFO-001.1"
+    assert "int32: forward" in forward["neg"]["message"]
+    neg = {c["dtype"]: c for o in faulty_operators_run.report["operators"] if o["name"] == "neg" for c in o["cells"]}
+    assert neg["int32"]["verdict"] == "fail"
+    assert all(c["verdict"] == "pass" for dtype, c in neg.items() if dtype != "int32")
+
+
+def test_a_crash_in_one_operator_costs_that_operator_only(faulty_operators_run):
+    forward = _tests(faulty_operators_run, "OP-INFO-001")
+    assert forward["abs"]["verdict"] == "crash" and "SIGSEGV" in forward["abs"]["message"]
+    assert "float64: forward" in forward["abs"]["message"]
+    assert forward["add"]["verdict"] == "pass" and forward["neg"]["verdict"] == "fail"
+    assert _tests(faulty_operators_run, "OP-INFO-003")["add"]["verdict"] == "pass"
+    # The matrix keeps the dtypes abs finished before it crashed, and puts
+    # the crash on the check that was under way.
+    abs_cells = {c["dtype"]: c for o in faulty_operators_run.report["operators"] if o["name"] == "abs"
+                 for c in o["cells"]}
+    assert abs_cells["float64"]["verdict"] == "crash" and abs_cells["float64"]["checks"]["forward"] == "crash"
+    assert abs_cells["float32"]["verdict"] == "pass" and abs_cells["bfloat16"]["verdict"] == "pass"
+    assert faulty_operators_run.report["complete"] is True
 
 
 def test_loading_the_opinfo_database_leaves_torch_and_hypothesis_as_they_were():
