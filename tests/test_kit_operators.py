@@ -149,7 +149,11 @@ def test_a_backend_we_did_not_write_fails_its_wrong_operator(faulty_operators_ru
     assert "float32: forward" in forward["expm1"]["message"]
     expm1 = _row(faulty_operators_run, "expm1")
     assert expm1["float32"]["verdict"] == "fail"
-    assert all(c["verdict"] == "pass" for dtype, c in expm1.items() if dtype != "float32"), expm1
+    # Every other real dtype passes. (The complex ones' gradients go through
+    # conjugate views, which pu1_faulty's fallback does not handle: the area
+    # finds that bug of the fixture too, not always on the same samples.)
+    others = {dtype: c["verdict"] for dtype, c in expm1.items() if dtype != "float32" and "complex" not in dtype}
+    assert set(others.values()) == {"pass"} and {"float64", "bfloat16", "int32"} <= set(others), others
 
 
 def test_a_crash_in_one_operator_costs_that_operator_only(faulty_operators_run):
