@@ -140,9 +140,6 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> Diff:
     return result
 
 
-_SATISFIES = ("pass", "xpass")
-
-
 def _cells(document: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["name"], c["dtype"]): c for o in document.get("operators", []) for c in o["cells"]}
 
@@ -157,10 +154,10 @@ def _diff_cells(old: dict[str, Any], new: dict[str, Any], result: Diff) -> None:
         if previous is None or previous["verdict"] == cell["verdict"]:
             continue
         change = CellChange(key[0], key[1], previous["verdict"], cell["verdict"], one_line(cell_problems(cell)))
-        was, now = previous["verdict"] in _SATISFIES, cell["verdict"] in _SATISFIES
+        was = Verdict(previous["verdict"]).satisfies
         if cell["verdict"] in FAILING and (was or _SEVERITY[cell["verdict"]] > _SEVERITY[previous["verdict"]]):
             result.operator_regressions.append(change)
-        elif now and previous["verdict"] in FAILING:
+        elif Verdict(cell["verdict"]).satisfies and previous["verdict"] in FAILING:
             result.operator_fixes.append(change)
 
 

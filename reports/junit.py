@@ -21,7 +21,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from .text import FAILING, VERDICT_ORDER, cell_problems, printable, truncate
+from .text import FAILING, SHOWN_CELL_VERDICTS, VERDICT_ORDER, cell_problems, printable, truncate
 
 MESSAGE_LIMIT = 1000  # attribute values; the full text goes into the element body
 ERRORS = ("error", "crash", "hang")
@@ -44,7 +44,7 @@ def _matrix_row(operator: dict[str, Any]) -> tuple[str, str]:
     """(every cell's verdict, one per line; the failing cells with their checks)."""
     cells = [f"{c['dtype']}: {c['verdict']}" for c in operator["cells"]]
     failing = [f"{operator['name']} {c['dtype']}: {c['verdict']}: {cell_problems(c)}" for c in operator["cells"]
-               if c["verdict"] in FAILING or c["verdict"] == "xfail"]
+               if c["verdict"] in SHOWN_CELL_VERDICTS]
     return "\n".join(cells), "\n".join(failing)
 
 

@@ -143,11 +143,16 @@ def matrix_dtypes(document: dict[str, Any]) -> list[str]:
     return sorted(found, key=lambda d: (rank.get(d, len(rank)), d))
 
 
+# The verdicts of the matrix's cells (and checks) the renderings list: the
+# failures, and those the expectations file expects.
+SHOWN_CELL_VERDICTS = (*FAILING, "xfail")
+
+
 def failing_cells(document: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(operator, cell) for every cell whose verdict is a failure or an
     expected one, worst verdict first (stable within a verdict)."""
     cells = [(o, c) for o in document.get("operators", []) for c in o["cells"]
-             if c["verdict"] in FAILING or c["verdict"] == "xfail"]
+             if c["verdict"] in SHOWN_CELL_VERDICTS]
     return sorted(cells, key=lambda oc: VERDICT_ORDER.index(oc[1]["verdict"]))
 
 
@@ -156,7 +161,7 @@ def cell_problems(cell: dict[str, Any]) -> str:
     not pass, with their messages."""
     parts = []
     for check, verdict in cell["checks"].items():
-        if verdict in FAILING or verdict == "xfail":
+        if verdict in SHOWN_CELL_VERDICTS:
             why = cell["messages"].get(check, "")
             parts.append(f"{check}: {verdict}" + (f" ({why})" if why else ""))
     return "; ".join(parts)
