@@ -2,7 +2,8 @@
 
     privateuse1-conformance run --backend NAME [--level L] [--manifest F] [--expectations F]
                                 [--report-dir D] [--contract ID ...] [--operators SELECTION]
-                                [-- PYTEST ARGS]
+                                [--shard K/N] [-- PYTEST ARGS]
+    privateuse1-conformance merge SHARD.json ... [--report-dir D]
     privateuse1-conformance verify REPORT.json [--level L]
     privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
     privateuse1-conformance render REPORT.json [--report-dir D]
@@ -14,7 +15,8 @@ the warm parent every test is forked from) and writes the reports.
 Exit codes (docs/reports.md): run returns pytest's (0 all passed, 1 some
 test did not, 2 interrupted, 3 internal error, 4 usage error); verify 0
 verified, 1 not verified, 2 the file is not JSON; diff 0 no regression,
-1 regression; diff and render 2 when a report cannot be read or is not
+1 regression; merge 0 merged, 1 the reports are not the complete shards of
+one run; diff, render and merge 2 when a report cannot be read or is not
 schema-valid.
 
 The mutation run of the reference backend is OpenReg's own command
@@ -31,9 +33,11 @@ from pathlib import Path
 
 from privateuse1_conformance.reports import diff as diff_mod
 from privateuse1_conformance.reports import json_report, writer
+from privateuse1_conformance.reports import merge as merge_mod
 from privateuse1_conformance.reports import verify as verify_mod
 
 from . import registry as registry_mod
+from . import shard as shard_mod
 from .results import contract_info
 
 EXIT_UNUSABLE_REPORT = 2
@@ -67,6 +71,8 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args.append("--allow-untested-torch")
     if args.operators:
         pytest_args.append(f"--operators={args.operators}")
+    if args.shard:
+        pytest_args.append(f"--shard={args.shard}")
     pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
     pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
     if args.jobs and args.jobs > 1:
@@ -108,6 +114,30 @@ def _verify(args: argparse.Namespace) -> int:
                                registry_sha256=hashlib.sha256(registry_path.read_bytes()).hexdigest())
     print(verify_mod.format_text(result, args.report), end="")
     return 0 if result.ok else 1
+
+
+def _merge(args: argparse.Namespace) -> int:
+    named = []
+    for path in args.shards:
+        document = _read_report(path)
+        if document is None:
+            return EXIT_UNUSABLE_REPORT
+        named.append((path, document))
+    try:
+        run = merge_mod.merge(named)
+    except merge_mod.MergeError as e:
+        print(f"privateuse1-conformance merge: not merged: these are not the complete shards of one run "
+              f"({len(e.problems)} problem(s)):", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    paths = writer.write_all(args.report_dir, run)
+    shards = run.provenance.shards
+    tests = sum(record["tests"] for record in shards)
+    print(f"merged {len(shards)} shards ({tests} tests): level reached {run.level_reached or 'none'}")
+    for path in paths.values():
+        print(path)
+    return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -278,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--operators", default=None, metavar="SELECTION",
                      help="the operators area's OpInfo entries: default (the operators most models use), all, "
                           "none, or comma-separated names and patterns (docs/operators.md)")
+    run.add_argument("--shard", type=shard_mod.argparse_type, default=None, metavar="K/N",
+                     help="run only shard K of N: a deterministic split of the selected tests (contracts and "
+                          "operators) for a CI matrix of N jobs; `merge` combines the N reports (docs/reports.md)")
     run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
     run.add_argument("--contract", action="append", metavar="ID",
                      help="run only the tests of this contract (repeatable)")
@@ -286,6 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "'test_streams.py::test_name[param]' (repeatable)")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     run.set_defaults(handler=_run)
+
+    merge = commands.add_parser(
+        "merge", help="combine the reports of the N shards of a run (run --shard K/N) into the run's report, "
+                      "which verify accepts; refuses shards that are not the complete, untouched parts of one run")
+    merge.add_argument("shards", nargs="+", metavar="SHARD.json", help="the shards' report.json files, any order")
+    merge.add_argument("--report-dir", default=DEFAULT_REPORT_DIR,
+                       help=f"where to write the merged reports (default: {DEFAULT_REPORT_DIR})")
+    merge.set_defaults(handler=_merge)
 
     verify = commands.add_parser(
         "verify", help="check a report: schema, digest, consistency, completeness, provenance and "

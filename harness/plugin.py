@@ -42,7 +42,7 @@ import pytest
 from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
-from . import isolation, operators as operators_mod, registry as registry_mod, versions
+from . import isolation, operators as operators_mod, registry as registry_mod, shard as shard_mod, versions
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
@@ -74,6 +74,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--operators", default="default", metavar="SELECTION",
                     help="the operators area's OpInfo entries: default (the operators most models use), all, "
                          "none, or comma-separated names and fnmatch patterns (docs/operators.md)")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only shard K of N of the selected tests (a deterministic split; combine the N "
+                         "reports with `privateuse1-conformance merge`, docs/reports.md)")
     group.addoption("--allow-untested-torch", action="store_true", default=False,
                     help="run although the installed torch is outside the range the kit supports")
 
@@ -183,6 +186,13 @@ class ConformanceSession:
         unknown = sorted(self.only - set(self.registry.contracts))
         if unknown:
             raise pytest.UsageError(f"--contract: unknown contract ID(s) {', '.join(unknown)}")
+        self.sharding: shard_mod.Selector | None = None
+        if config.getoption("shard"):
+            try:
+                self.sharding = shard_mod.Selector(shard_mod.parse(config.getoption("shard")), self.test_id)
+            except ValueError as e:
+                raise pytest.UsageError(str(e)) from e
+            config.pluginmanager.register(self.sharding, "privateuse1-conformance-shard")
         self.timeout = config.getoption("contract_timeout")
         self.isolation = config.getoption("isolation")
         # Why no test can run (the backend did not answer the parent's
@@ -607,6 +617,10 @@ class ConformanceSession:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         isolation.reap_exited(block=True)
+        if self.sharding is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and self.sharding.selected:
+            # A shard the split left empty (more shards than tests) is a
+            # complete part of the run, not a usage error.
+            session.exitstatus = exitstatus = pytest.ExitCode.OK
         self.recorder.finish(exitstatus, self._start, time.time() - self._start)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:

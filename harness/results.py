@@ -237,8 +237,11 @@ class RunRecorder:
         session = self.session
         self.results = self.build()
         self.reached = model.level_reached(self.results, self.optional_features())
+        provenance = self.provenance(started, duration)
+        if session.sharding is not None:
+            provenance = dataclasses.replace(provenance, shard=session.sharding.record(list(self._decided())))
         return model.Run(
-            provenance=self.provenance(started, duration),
+            provenance=provenance,
             contracts=self.results,
             optional_features=sorted(self.optional_features()),
             unclaimed_features=sorted(session.unclaimed),
@@ -292,18 +295,23 @@ class RunRecorder:
 
     # ----------------------------------------------------------- summary
 
-    def stale_expectations(self) -> list[str]:
-        stale = []
+    def _decided(self) -> dict[str, list[Verdict]]:
+        """Expectations entry label -> the verdicts of the tests it decided
+        (a contract entry does not decide a test that an entry of its own
+        covers; an inconclusive test is no evidence either way)."""
+        decided = {}
         for entry in self.session.expectations:
-            # The tests this entry decides (a contract entry does not decide a
-            # test that an entry of its own covers).
             verdicts = [t.verdict_for(entry.contract) for t in self.tests.values()
                         if entry.contract in t.contracts
                         and self.session.expectations.for_test(entry.contract, t.nodeid) is entry
                         and t.verdict_for(entry.contract) is not Verdict.INCONCLUSIVE]
-            if verdicts and all(v in (Verdict.PASS, Verdict.XPASS) for v in verdicts):
-                stale.append(entry.label)
-        return stale
+            if verdicts:
+                decided[entry.label] = verdicts
+        return decided
+
+    def stale_expectations(self) -> list[str]:
+        return [label for label, verdicts in self._decided().items()
+                if all(v in (Verdict.PASS, Verdict.XPASS) for v in verdicts)]
 
     def print_details(self, terminal) -> None:
         """What precedes pytest's own short summary: shared root causes,
@@ -365,7 +373,13 @@ class RunRecorder:
         terminal.line("")
         if self.report_dir:
             terminal.line(f"Reports: {os.path.abspath(self.report_dir)}")
-        if not_run:
+        if session.sharding is not None:
+            shard = session.sharding
+            terminal.line(f"Shard {shard.shard}: {len(self.tests)} of the run's {shard.selected or 0} tests. The "
+                          f"verdicts and the level below are this shard's; the run's are those of the report "
+                          f"`privateuse1-conformance merge` makes of the {shard.shard.count} shards' reports.",
+                          yellow=True)
+        elif not_run:
             terminal.line(f"Partial run: {len(not_run)} contract(s) were not selected; the level below "
                           "counts them as not satisfied.", yellow=True)
         terminal.line(

@@ -24,8 +24,8 @@ from .model import (LEVELS, ContractInfo, ContractResult, OperatorCell, Operator
 from .text import map_strings
 
 FORMAT = "privateuse1-conformance-report"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)   # older documents are read (diff, render), never written
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)   # older documents are read (diff, render), never written
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 SCHEMA_PATH = SCHEMA_DIR / f"report-{FORMAT_VERSION}.schema.json"
 DIGEST_ALGORITHM = "sha256"
@@ -119,7 +119,7 @@ PROVENANCE_ORDER = (
     "device_count", "kit_version", "kit_commit", "registry", "torch_version", "torch_build", "torch_cxx11_abi",
     "torch_git_version", "python", "packages", "platform", "command_line", "working_directory", "level_checked",
     "isolation", "timeout_ms", "manifest", "expectations", "seeds", "environment", "started", "duration_ms",
-    "warnings",
+    "shard", "shards", "warnings",
 )
 
 

@@ -101,6 +101,14 @@ def _overview(document: dict[str, Any]) -> list[str]:
         f" torch {escape(provenance['torch_version'], inline=True)}; "
         f"kit {escape(provenance['kit_version'], inline=True)}."
     )
+    shard, shards = provenance.get("shard"), provenance.get("shards")  # (format 4)
+    if shard:
+        lines += ["", f"> **Shard {shard['index']} of {shard['count']}**: this report holds part of a run of "
+                      f"{shard['selected']} tests. Its verdicts and level are the shard's; the run's come from "
+                      "`privateuse1-conformance merge` of all the shards' reports."]
+    elif shards:
+        lines += ["", f"Merged from {len(shards)} shards ({sum(r['tests'] for r in shards)} tests); the provenance "
+                      "lists each shard's report digest and job."]
     if not document["complete"]:
         lines += ["", "> **Incomplete run**: the run was interrupted or crashed; this report holds only "
                       "the tests that finished. It cannot be verified."]

@@ -7,6 +7,7 @@ them in. This module imports nothing from the kit and nothing from pytest.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -283,6 +284,15 @@ class Provenance:
     packages: dict[str, str] = field(default_factory=dict)     # versions of the tools that ran it
     environment: dict[str, str] = field(default_factory=dict)  # variables that steer torch / the backend
     working_directory: str = ""                  # relative paths on the command line are relative to it
+    shard: dict | None = None                    # a shard's run (--shard K/N): ShardRecord fields (format 4)
+    shards: list[dict] = field(default_factory=list)  # a merged report: one record per shard (format 4)
+
+
+def selection_digest(test_ids) -> str:
+    """The sha256 of a set of test IDs: sorted by code point, one per line.
+    A shard's run records it for the tests of the whole run (before the
+    split); the merged report's tests must have it (reports/merge.py)."""
+    return hashlib.sha256("".join(f"{t}\n" for t in sorted(set(test_ids))).encode("utf-8")).hexdigest()
 
 
 @dataclass

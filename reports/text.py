@@ -77,7 +77,9 @@ def title(document: dict[str, Any]) -> str:
     """'openreg: full 100%' — the line a badge, a page title and a summary share."""
     level = document["summary"]["level_reached"] or "no level"
     incomplete = "" if document["complete"] else " (incomplete)"
-    return f"{document['provenance']['backend_name']}: {level} {satisfied_percent(document)}%{incomplete}"
+    shard = document["provenance"].get("shard")  # (format 4) a shard's verdicts are not the run's
+    part = f" (shard {shard['index']}/{shard['count']})" if shard else ""
+    return f"{document['provenance']['backend_name']}: {level} {satisfied_percent(document)}%{part}{incomplete}"
 
 
 def failing_contracts(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,6 +100,18 @@ def provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
     to one readable string each."""
     rows = []
     for key, value in provenance.items():
+        if key == "shard" and value:
+            value = (f"{value['index']} of {value['count']}: part of a run of {value['selected']} tests "
+                     f"(sha256 of their IDs {value['selection_sha256']})")
+        elif key == "shards":
+            if not value:
+                continue  # a run in one job
+            for record in value:
+                rows.append((f"shard {record['index']}/{record['count']}",
+                             f"{record['tests']} tests, started {record['started']}, "
+                             f"{record['duration_ms'] / 1000:.1f} s, on {record['platform']}; report sha256 "
+                             f"{record['digest']}; {' '.join(record['command_line'])}"))
+            continue
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = " ".join(value) if key == "command_line" else "; ".join(value)
         elif isinstance(value, dict) or value is None:

@@ -9,7 +9,10 @@ A report verifies for level L when
    results, so a re-sealed edit of a summary is caught;
 4. the run is complete;
 5. the provenance is complete (REQUIRED_PROVENANCE present and not empty);
-6. every active contract of the verifier's registry up to L is present
+6. it is the report of a whole run: not one shard's (``--shard K/N``), and,
+   when merged from shards, every shard 1..N is listed once and the tests
+   are exactly the ones the shards' run selected (the sha256 of their IDs);
+7. every active contract of the verifier's registry up to L is present
    exactly once and satisfied: pass or xpass, or not-claimed where every
    unclaimed feature is one the contract needs and the registry marks
    optional — exactly what model.level_reached requires. No unknown or
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import json_report
-from .model import LEVELS, ContractInfo, ContractResult, TestResult, Verdict, contract_satisfied
+from .model import LEVELS, ContractInfo, ContractResult, TestResult, Verdict, contract_satisfied, selection_digest
 from .text import one_line, single_line
 
 REQUIRED_PROVENANCE = (
@@ -80,6 +83,37 @@ def _provenance_problems(provenance: dict[str, Any]) -> list[str]:
         value = provenance.get(key)
         if value in (None, "", [], {}) or value == "unknown":
             problems.append(f"provenance: {key} is missing or empty")
+    return problems
+
+
+def _shard_problems(document: dict[str, Any]) -> list[str]:
+    """A shard's report is part of a run, never a run; a merged report must
+    hold every shard once and exactly the tests the shards' run selected."""
+    provenance = document["provenance"]
+    shard = provenance.get("shard")  # (format 4)
+    if shard:
+        return [f"the report of shard {shard['index']} of {shard['count']} is part of a run, not a run: merge the "
+                f"{shard['count']} shards' reports (privateuse1-conformance merge) and verify that"]
+    records = provenance.get("shards") or []
+    if not records:
+        return []
+    problems = []
+    count = records[0]["count"]
+    indices = [r["index"] for r in records]
+    if indices != list(range(1, count + 1)) or any(r["count"] != count for r in records):
+        problems.append(f"shards: expected shards 1..{count} of {count} once each, in order; the report lists "
+                        + ", ".join(f"{r['index']}/{r['count']}" for r in records))
+    for key in ("selected", "selection_sha256"):
+        if len({r[key] for r in records}) > 1:
+            problems.append(f"shards: the shards disagree on {key}")
+    tests = list(dict.fromkeys(t["nodeid"] for c in document["contracts"] for t in c["tests"]))
+    if sum(r["tests"] for r in records) != len(tests):
+        problems.append(f"shards: the shards ran {sum(r['tests'] for r in records)} tests, the report holds "
+                        f"{len(tests)}")
+    first = records[0]
+    if len(tests) != first["selected"] or selection_digest(tests) != first["selection_sha256"]:
+        problems.append(f"shards: the report's {len(tests)} tests are not the {first['selected']} tests the "
+                        "shards' run selected (their sha256 differs from selection_sha256)")
     return problems
 
 
@@ -150,6 +184,7 @@ def verify(document: dict[str, Any], registry: list[ContractInfo], optional_feat
     if not document["complete"]:
         result.problems.append("the run is incomplete (interrupted or crashed): complete is false")
     result.problems += _provenance_problems(provenance)
+    result.problems += _shard_problems(document)
     if level is None:
         result.problems.append("the report claims no level and reaches none: nothing to verify (pass --level)")
     else:
