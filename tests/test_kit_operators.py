@@ -185,3 +185,19 @@ def test_loading_the_opinfo_database_leaves_torch_and_hypothesis_as_they_were():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**__import__("os").environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_operators_whose_result_depends_on_the_layout_pass_on_a_correct_backend(tmp_path):
+    """as_strided_copy reads the storage (filler included) and view_as_complex
+    rejects a last dimension whose stride is not 1: the CPU does the same for
+    the same non-contiguous samples, so OpenReg doing it too is no failure
+    (the check once compared with the CPU's contiguous result)."""
+    run = run_suite("openreg", tmp_path, "--contract=OP-INFO-001", "--operators=as_strided_copy,view_as_complex")
+    operators = {o["name"]: o for o in run.report["operators"]}
+    assert set(operators) == {"as_strided_copy", "view_as_complex"}, run.stdout[-2000:]
+    as_strided = {c["dtype"]: c["checks"] for c in operators["as_strided_copy"]["cells"]}
+    assert as_strided["float32"]["noncontiguous"] == "pass"       # compared, and equal
+    view = {c["dtype"]: c["checks"] for c in operators["view_as_complex"]["cells"]}
+    assert view["float32"]["forward"] == "pass"
+    assert view["float32"]["noncontiguous"] == "skip"             # the CPU rejects the layout: no evidence
+    assert all(o["verdict"] == "pass" for o in operators.values()), operators
