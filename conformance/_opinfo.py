@@ -520,6 +520,11 @@ class OperatorCheck:
                 expected = cpu_sample.output_process_fn_grad(cpu_out)
             except Exception:  # noqa: BLE001 - the CPU takes no out= here: no evidence
                 continue
+            if not self.report.random and _mismatch(expected, cpu_sample.output_process_fn_grad(cpu_result),
+                                                    atol, rtol):
+                # The CPU's out= disagrees with its own result (fft.ihfftn
+                # writes garbage there): no reference to compare with.
+                continue
             step = f"{name}: out=, {_describe(sample, index)}"
 
             def call(flat=flat, spec=spec, sample=sample):
@@ -540,7 +545,8 @@ class OperatorCheck:
             if returns_out and (len(returned_flat) != len(outs) or any(r is not o for r, o in zip(returned_flat, outs))):
                 outcome.record("fail", f"{step}: did not return the tensor(s) passed as out=, as the CPU does")
                 continue
-            problem = _mismatch(_results_to_cpu(sample.output_process_fn_grad(given)), expected, atol, rtol)
+            got = _results_to_cpu(sample.output_process_fn_grad(given))
+            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
             outcome.record("fail" if problem else "pass", f"{step}: out= holds {problem}" if problem else "")
 
     def _check_inplace(self, dtype, passed, atol, rtol) -> None:

@@ -201,3 +201,21 @@ def test_operators_whose_result_depends_on_the_layout_pass_on_a_correct_backend(
     assert view["float32"]["forward"] == "pass"
     assert view["float32"]["noncontiguous"] == "skip"             # the CPU rejects the layout: no evidence
     assert all(o["verdict"] == "pass" for o in operators.values()), operators
+
+
+def test_an_out_variant_the_cpu_gets_wrong_is_no_evidence(tmp_path):
+    """PyTorch's CPU fft.ihfftn writes other values into out= than it returns
+    (OpInfo expects its test_out to fail everywhere): with no reference, the
+    device's out= is not judged; index_select's out= still is."""
+    import torch
+
+    x = torch.linspace(-1, 1, 5 * 6 * 7).reshape(5, 6, 7)
+    out = torch.empty(5, 6, 5, dtype=torch.complex64)
+    torch.fft.ihfftn(x, s=(8,), out=out)
+    if torch.equal(out, torch.fft.ihfftn(x, s=(8,))):
+        pytest.skip("this torch's CPU fft.ihfftn out= is right: nothing to show")
+    run = run_suite("openreg", tmp_path, "--contract=OP-INFO-002", "--operators=fft.ihfftn,index_select")
+    operators = {o["name"]: o for o in run.report["operators"]}
+    assert all(o["verdict"] == "pass" for o in operators.values()), operators
+    index_select = {c["dtype"]: c["checks"] for c in operators["index_select"]["cells"]}
+    assert index_select["float32"]["out"] == "pass"
