@@ -240,12 +240,29 @@ def _to_cpu(value):
     return value
 
 
+def _once_per_tensor(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`copy`, giving a tensor that occurs several times in a sample one copy:
+    the copy keeps the sample's aliasing (OpInfo's error input
+    ``cat((x, y), out=x)`` is an error because out= is an input)."""
+    copies: dict[int, tuple[Any, Any]] = {}
+
+    def once(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) not in copies:
+            copies[id(value)] = (value, copy(value))  # (the original keeps its id taken)
+        return copies[id(value)][1]
+
+    return once
+
+
 def _cpu_sample(sample, device_type: str):
-    """The sample on the CPU: its tensors copied, and a `device` keyword
-    naming the device (factory functions) made the CPU; None when a sample
-    cannot be copied (a meta tensor in it)."""
+    """The sample on the CPU: its tensors copied (a tensor that occurs twice
+    copied once), and a `device` keyword naming the device (factory
+    functions) made the CPU; None when a sample cannot be copied (a meta
+    tensor in it)."""
     try:
-        moved = sample.transform(_to_cpu)
+        moved = sample.transform(_once_per_tensor(_to_cpu))
     except Exception:  # noqa: BLE001
         return None
     for key, value in list(moved.kwargs.items()):
@@ -256,8 +273,7 @@ def _cpu_sample(sample, device_type: str):
 
 def _clone_sample(sample):
     """A copy of the sample (operators may write into their inputs)."""
-    return sample.transform(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
-                            if isinstance(t, torch.Tensor) else t)
+    return sample.transform(_once_per_tensor(lambda t: t.detach().clone().requires_grad_(t.requires_grad)))
 
 
 def _results_to_cpu(result):

@@ -58,6 +58,9 @@ class AliasBuilder {
  private:
   const c10::Storage& cpu_storage_for(void* device_data, size_t nbytes);
   std::unordered_map<void*, c10::Storage> cpu_by_device_data_;
+  // One alias per device tensor: an argument passed twice (cat((x, y),
+  // out=x)) is one tensor to the CPU kernel too, as it is to the caller.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> cpu_by_tensor_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> device_by_cpu_;
 };
 
