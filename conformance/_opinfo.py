@@ -76,6 +76,20 @@ BASE_TOLERANCE = 1e-3          # test_compare_cpu's atol and rtol
 REDUCED_PRECISION = {torch.float16, torch.bfloat16, torch.complex32}
 REDUCED_PRECISION_UNITS = 8    # of the dtype's resolution (finfo.eps)
 OUT_SAMPLES = 3                # samples checked with out= (test_out checks one)
+
+
+def _noncontiguous_out(like: torch.Tensor, device) -> torch.Tensor:
+    from torch.testing._internal.common_utils import noncontiguous_like
+
+    return noncontiguous_like(torch.zeros(like.shape, dtype=like.dtype, device=device))
+
+
+# out= tensors of other layouts than the result's, as test_out tries them:
+# layout -> how to make one like a result on a device.
+OUT_LAYOUTS = {
+    "non-contiguous": _noncontiguous_out,
+    "empty": lambda like, device: torch.empty(0, dtype=like.dtype, device=device),
+}
 ERRORS_DTYPE = "any"           # the cell of the error checks, which have no dtype
 
 NO_EVIDENCE = {
@@ -564,6 +578,44 @@ class OperatorCheck:
             got = _results_to_cpu(sample.output_process_fn_grad(given))
             problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
             outcome.record("fail" if problem else "pass", f"{step}: out= holds {problem}" if problem else "")
+            if not problem and not self.report.random:
+                for layout in OUT_LAYOUTS:
+                    self._check_out_layout(outcome, layout, sample, cpu_sample, flat, spec, name, index, atol, rtol)
+
+    def _check_out_layout(self, outcome, layout, sample, cpu_sample, flat, spec, name, index, atol, rtol) -> None:
+        """out= tensors of another layout than the result's: non-contiguous
+        ones (written through their strides, which stay), or empty ones (the
+        operator resizes them). The device must do what the CPU does with the
+        same tensors: the same values, shapes and strides afterwards."""
+        op, clause = self.op, CHECKS["out"][0]
+
+        def run(sample, device):
+            outs = [OUT_LAYOUTS[layout](t, device) for t in flat]
+            given = spec.unflatten(outs) if len(outs) > 1 else outs[0]
+            op(sample.input, *sample.args, **sample.kwargs, out=given)
+            return [(tuple(o.shape), o.stride()) for o in outs], sample.output_process_fn_grad(given)
+
+        try:
+            cpu_sample = _clone_sample(cpu_sample)
+            expected_layout, expected = run(cpu_sample, "cpu")
+        except Exception:  # noqa: BLE001 - the CPU takes no such out=: no evidence
+            return
+        step = f"{name}: out= {layout}, {_describe(sample, index)}"
+        try:
+            device_sample = _clone_sample(sample)
+            got_layout, got = self._run_device(lambda: run(device_sample, self.device), clause, step)
+        except NotClaimed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU accepted the same out=")
+            return
+        outcome.samples += 1
+        if got_layout != expected_layout:
+            outcome.record("fail", f"{step}: out= has (shape, strides) {got_layout} afterwards; the CPU's has "
+                                   f"{expected_layout}")
+            return
+        problem = _mismatch(_results_to_cpu(got), expected, atol, rtol)
+        outcome.record("fail" if problem else "pass", f"{step}: out= holds {problem}" if problem else "")
 
     def _check_inplace(self, dtype, passed, atol, rtol) -> None:
         op = self.op

@@ -286,10 +286,16 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
   torch::jit::Stack results;
+  // out= arguments the CPU kernel writes into fresh host tensors, copied to
+  // the device afterwards: those that must grow when Meta cannot tell how
+  // much (masked_select: the size depends on the data).
+  std::vector<bool> host_out(num_args, false);
   auto run = [&] {
     launch_kernel(current_stream(device), [&] {
       for (size_t i = 0; i < num_args; ++i) {
-        cpu_args.push_back(to_cpu(args[i], schema.arguments()[i], builder, generator_device));
+        cpu_args.push_back(host_out[i]
+            ? c10::IValue(at::empty({0}, args[i].toTensor().options().device(c10::kCPU)))
+            : to_cpu(args[i], schema.arguments()[i], builder, generator_device));
       }
       if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
         // Reads the input as if it were contiguous (its storage, in order).
@@ -317,19 +323,34 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // An out= tensor that must grow: alias storages cannot, so grow it on the
     // device (Meta tells the size) and run again. Only then, because Meta
     // kernels can be Python and slow to import.
-    if (std::string(e.what()).find("not resizable") == std::string::npos ||
-        !grow_out_arguments(op, args)) {
-      throw;
+    if (std::string(e.what()).find("not resizable") == std::string::npos) throw;
+    if (!grow_out_arguments(op, args)) {
+      // Mutant fallback-out-cannot-grow: the error reaches the caller.
+      bool any = false;
+      for (size_t i = 0; i < num_args && !mutant::is("fallback-out-cannot-grow"); ++i) {
+        const c10::Argument& argument = schema.arguments()[i];
+        if (writes(argument) && argument.kwarg_only() && args[i].isTensor() && on_openreg(args[i].toTensor())) {
+          host_out[i] = any = true;
+        }
+      }
+      if (!any) throw;
     }
     builder = AliasBuilder();
     cpu_args.clear();
     results.clear();
     run();
   }
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!host_out[i]) continue;
+    const at::Tensor& device_tensor = args[i].toTensor();
+    const at::Tensor& host = cpu_args[i].toTensor();
+    device_tensor.resize_(host.sizes());
+    device_tensor.copy_(host);
+  }
 
   // Kernels may reshape mutable arguments (e.g. resize an out= tensor).
   for (size_t i = 0; i < num_args; ++i) {
-    if (!writes(schema.arguments()[i]) || !args[i].isTensor()) continue;
+    if (!writes(schema.arguments()[i]) || !args[i].isTensor() || host_out[i]) continue;
     const at::Tensor& device_tensor = args[i].toTensor();
     const at::Tensor& alias = cpu_args[i].toTensor();
     if (!on_openreg(device_tensor)) continue;

@@ -80,12 +80,16 @@ void ensure_storage_bytes(const at::Tensor& self, size_t nbytes) {
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(self.device());
-  const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
-  const size_t needed = at::detail::computeStorageNbytesContiguous(
-      size, itemsize, self.storage_offset());
-  ensure_storage_bytes(self, needed);
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
+  // As on CPU and CUDA, a tensor that already has the size keeps its strides
+  // (softmax(x, out=non_contiguous) resizes its out= to the size it has).
+  if (!impl->sizes().equals(size) || mutant::is("resize-same-size-restrides")) {
+    const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
+    const size_t needed = at::detail::computeStorageNbytesContiguous(
+        size, itemsize, self.storage_offset());
+    ensure_storage_bytes(self, needed);
+    impl->set_sizes_contiguous(size);
+  }
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
                 "OpenReg: resize_ does not accept memory_format=preserve_format");
