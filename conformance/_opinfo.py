@@ -78,6 +78,15 @@ REDUCED_PRECISION_UNITS = 8    # of the dtype's resolution (finfo.eps)
 OUT_SAMPLES = 3                # samples checked with out= (test_out checks one)
 
 
+def _geometry(t: torch.Tensor) -> tuple:
+    """(shape, strides) where strides can matter: none for a tensor without
+    elements, and none for a dimension of size 1 (any stride addresses the
+    same elements)."""
+    if t.numel() == 0:
+        return tuple(t.shape), None
+    return tuple(t.shape), tuple(None if size == 1 else stride for size, stride in zip(t.shape, t.stride()))
+
+
 def _noncontiguous_out(like: torch.Tensor, device) -> torch.Tensor:
     from torch.testing._internal.common_utils import noncontiguous_like
 
@@ -254,29 +263,15 @@ def _to_cpu(value):
     return value
 
 
-def _once_per_tensor(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`copy`, giving a tensor that occurs several times in a sample one copy:
-    the copy keeps the sample's aliasing (OpInfo's error input
-    ``cat((x, y), out=x)`` is an error because out= is an input)."""
-    copies: dict[int, tuple[Any, Any]] = {}
-
-    def once(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        if id(value) not in copies:
-            copies[id(value)] = (value, copy(value))  # (the original keeps its id taken)
-        return copies[id(value)][1]
-
-    return once
-
-
 def _cpu_sample(sample, device_type: str):
-    """The sample on the CPU: its tensors copied (a tensor that occurs twice
-    copied once), and a `device` keyword naming the device (factory
-    functions) made the CPU; None when a sample cannot be copied (a meta
-    tensor in it)."""
+    """The sample on the CPU: its tensors copied, and a `device` keyword
+    naming the device (factory functions) made the CPU; None when a sample
+    cannot be copied (a meta tensor in it). A tensor that occurs twice in the
+    sample (`cat((x, y), out=x)`) becomes two copies, as PyTorch's stock CPU
+    fallback makes it: an error input whose error is that aliasing is then
+    no evidence (the CPU does not raise either)."""
     try:
-        moved = sample.transform(_once_per_tensor(_to_cpu))
+        moved = sample.transform(_to_cpu)
     except Exception:  # noqa: BLE001
         return None
     for key, value in list(moved.kwargs.items()):
@@ -287,7 +282,8 @@ def _cpu_sample(sample, device_type: str):
 
 def _clone_sample(sample):
     """A copy of the sample (operators may write into their inputs)."""
-    return sample.transform(_once_per_tensor(lambda t: t.detach().clone().requires_grad_(t.requires_grad)))
+    return sample.transform(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                            if isinstance(t, torch.Tensor) else t)
 
 
 def _results_to_cpu(result):
@@ -535,8 +531,8 @@ class OperatorCheck:
         if outcome is None:
             return
         clause = CHECKS["out"][0]
-        for index, sample, cpu_sample, _ in passed[:OUT_SAMPLES]:
-            sample, cpu_sample = _clone_sample(sample), _clone_sample(cpu_sample)
+        for index, pristine, cpu_pristine, _ in passed[:OUT_SAMPLES]:
+            sample, cpu_sample = _clone_sample(pristine), _clone_sample(cpu_pristine)
             try:  # the CPU's out= result, into tensors the CPU accepts
                 cpu_result = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
                 flat, spec = tree_flatten(cpu_result)
@@ -580,25 +576,31 @@ class OperatorCheck:
             outcome.record("fail" if problem else "pass", f"{step}: out= holds {problem}" if problem else "")
             if not problem and not self.report.random:
                 for layout in OUT_LAYOUTS:
-                    self._check_out_layout(outcome, layout, sample, cpu_sample, flat, spec, name, index, atol, rtol)
+                    self._check_out_layout(outcome, layout, pristine, cpu_pristine, flat, spec, expected, name,
+                                           index, atol, rtol)
 
-    def _check_out_layout(self, outcome, layout, sample, cpu_sample, flat, spec, name, index, atol, rtol) -> None:
+    def _check_out_layout(self, outcome, layout, sample, cpu_sample, flat, spec, reference, name, index, atol,
+                          rtol) -> None:
         """out= tensors of another layout than the result's: non-contiguous
         ones (written through their strides, which stay), or empty ones (the
         operator resizes them). The device must do what the CPU does with the
-        same tensors: the same values, shapes and strides afterwards."""
+        same tensors: the same values, shapes and strides afterwards. Where
+        the CPU's values differ from its out= result with a fresh tensor
+        (`reference`), the CPU is no reference: no evidence."""
         op, clause = self.op, CHECKS["out"][0]
 
         def run(sample, device):
             outs = [OUT_LAYOUTS[layout](t, device) for t in flat]
             given = spec.unflatten(outs) if len(outs) > 1 else outs[0]
             op(sample.input, *sample.args, **sample.kwargs, out=given)
-            return [(tuple(o.shape), o.stride()) for o in outs], sample.output_process_fn_grad(given)
+            return [_geometry(o) for o in outs], sample.output_process_fn_grad(given)
 
-        try:
+        try:  # (fresh copies of the samples: operators may write into their inputs)
             cpu_sample = _clone_sample(cpu_sample)
             expected_layout, expected = run(cpu_sample, "cpu")
         except Exception:  # noqa: BLE001 - the CPU takes no such out=: no evidence
+            return
+        if _mismatch(expected, reference, atol, rtol):
             return
         step = f"{name}: out= {layout}, {_describe(sample, index)}"
         try:

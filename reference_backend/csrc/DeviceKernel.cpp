@@ -1,7 +1,6 @@
 #include "DeviceKernel.h"
 
 #include "Exception.h"
-#include "Mutants.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -101,9 +100,7 @@ at::Tensor AliasBuilder::alias(const at::Tensor& t) {
   if (!t.defined()) return t;
   TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
   const auto known = cpu_by_tensor_.find(t.unsafeGetTensorImpl());
-  if (known != cpu_by_tensor_.end() && !mutant::is("opinfo-fallback-aliases-each-argument")) {
-    return known->second;
-  }
+  if (known != cpu_by_tensor_.end()) return known->second;
   const c10::Storage& storage = t.storage();
   const c10::Storage& cpu = cpu_storage_for(storage.mutable_data(), storage.nbytes());
   device_by_cpu_.emplace(cpu.unsafeGetStorageImpl(), storage);

@@ -113,7 +113,6 @@ const std::vector<std::string>& known() {
       "oom-leaks-failed-allocation",
       "oom-not-counted",
       "opinfo-addcmul-inplace-off-by-one",
-      "opinfo-fallback-aliases-each-argument",
       "opinfo-index-select-out-off-by-one",
       "opinfo-mul-int32-off-by-one",
       "opinfo-roll-index-error-as-runtime-error",
