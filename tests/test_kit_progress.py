@@ -117,8 +117,9 @@ def test_stacks_are_dumped_on_request_only(tmp_path):
     script = (f"import sys, threading; sys.path[:0] = {sys.path!r}\n"
               "from privateuse1_conformance.harness import progress\n"
               f"progress.enable_stack_dump({str(stacks)!r})\n"
-              "print('ready', flush=True)\n"
-              "def waiting_for_nothing():\n    threading.Event().wait()\n"
+              # 'ready' from inside the function: the dump must find it in its
+              # frame, however soon after the parent reads the line.
+              "def waiting_for_nothing():\n    print('ready', flush=True)\n    threading.Event().wait()\n"
               "waiting_for_nothing()\n")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
