@@ -15,6 +15,8 @@ forward        OP-INFO-001.1   each sample's results: values, dtype and shape
 noncontiguous  OP-INFO-001.2   the same samples made non-contiguous on the device
 out            OP-INFO-002.1   ``out=``: the CPU's result written into, and
                                returned as, the tensors given
+out-device     OP-INFO-002.3   ``out=`` tensors on the CPU (or another device):
+                               an error, or the CPU's result written into them
 inplace        OP-INFO-002.2   the in-place variant: the CPU's result, in the
                                input, which is returned
 backward       OP-INFO-003.1   gradients of every input for random output
@@ -61,6 +63,7 @@ _PYTORCH_TESTS = {
     "forward": ("TestCommon", "test_compare_cpu"),
     "noncontiguous": ("TestCommon", "test_noncontiguous_samples"),
     "out": ("TestCommon", "test_out"),
+    "out-device": ("TestCommon", "test_out"),
     "inplace": ("TestCommon", "test_variant_consistency_eager"),
     "backward": ("TestCommon", "test_compare_cpu"),
     "errors": ("TestCommon", "test_errors"),
@@ -94,17 +97,27 @@ def _noncontiguous_out(like: torch.Tensor, device) -> torch.Tensor:
 
 
 # out= tensors of other layouts than the result's, as test_out tries them:
-# layout -> how to make one like a result on a device.
+# layout -> (how to make one like a result on a device, whether its strides
+# afterwards must be the CPU's). A non-contiguous out= of the right shape
+# keeps its strides (test_out compares them); an empty one is resized, and
+# the strides it gets are the kernel's choice (test_out compares its values
+# only: PyTorch's stock CPU fallback gives it contiguous strides where the
+# CPU's geqrf makes it column-major).
 OUT_LAYOUTS = {
-    "non-contiguous": _noncontiguous_out,
-    "empty": lambda like, device: torch.empty(0, dtype=like.dtype, device=device),
+    "non-contiguous": (_noncontiguous_out, True),
+    "empty": (lambda like, device: torch.empty(0, dtype=like.dtype, device=device), False),
 }
 ERRORS_DTYPE = "any"           # the cell of the error checks, which have no dtype
+# The errors an operator may raise for out= tensors on another device than
+# its inputs (CUDA raises RuntimeError; the types ER-MSG-001 accepts for a
+# refused device).
+REFUSALS = (RuntimeError, ValueError, TypeError, IndexError)
 
 NO_EVIDENCE = {
     "forward": "the CPU rejects every sample of this dtype: nothing to compare",
     "noncontiguous": "no sample whose forward result matched the CPU's to make non-contiguous",
     "out": "no sample the CPU accepts out= for",
+    "out-device": "no sample whose out= result matched the CPU's to give out= tensors on another device",
     "inplace": "no sample the CPU can compute in place (type promotion, broadcasting)",
     "backward": "no sample with a differentiable result whose forward result matched the CPU's",
     "errors": "no error input the CPU rejects with OpInfo's exception type (or OpInfo defines none)",
@@ -286,6 +299,24 @@ def _clone_sample(sample):
                             if isinstance(t, torch.Tensor) else t)
 
 
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _unlike(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of t's shape and dtype whose every element differs from
+    t's (but NaN and inf): an out= tensor the operator leaves unwritten cannot
+    pass for its result. Floating x + 1 + 2|x| is off by more than |x|;
+    integers (compared exactly) get their lowest bit flipped."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bool:
+        return t.logical_not()
+    if t.is_floating_point() or t.is_complex():
+        wide = t.to(torch.complex128 if t.is_complex() else torch.float64)
+        return (wide + 1 + 2 * wide.abs()).to(t.dtype)
+    signed = _SAME_SIZE_INT[t.element_size()]
+    return (t.view(signed) ^ 1).view(t.dtype)
+
+
 def _results_to_cpu(result):
     return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, result)
 
@@ -364,10 +395,13 @@ class OperatorCheck:
     """Runs the checks of one OpInfo entry on `device_type` (device index 0)."""
 
     def __init__(self, op, device_type: str, dtypes: list[torch.dtype], derived: bool,
-                 backward: bool = True) -> None:
+                 backward: bool = True, device_count: int = 1) -> None:
         self.op = op
         self.device_type = device_type
         self.device = f"{device_type}:0"
+        # out= tensors on another device than the inputs: the CPU, and the
+        # backend's last device when it has more than one.
+        self.foreign_devices = ["cpu"] + ([f"{device_type}:{device_count - 1}"] if device_count > 1 else [])
         self.dtypes = dtypes
         self.derived = derived       # the claim is the default (missing kernels are not-claimed)
         self.backward = backward
@@ -375,15 +409,16 @@ class OperatorCheck:
 
     # ------------------------------------------------------------ helpers
 
-    def _run_device(self, call: Callable[[], Any], clause: str, step: str):
+    def _run_device(self, call: Callable[[], Any], clause: str, step: str, not_claimed: bool = True):
         """`call` on the device, inside the evidence scope of `clause` (a crash
         or hang inside it is charged there). Raises NotClaimed for a missing
-        kernel of a derived claim."""
+        kernel of a derived claim (unless `not_claimed` is false: a kernel
+        missing only for this call's arguments is the call's outcome)."""
         with scope(clause, step):
             try:
                 return call()
             except Exception as e:  # noqa: BLE001
-                missing = _no_kernel(e, self.derived)
+                missing = _no_kernel(e, self.derived) if not_claimed else None
                 if missing:
                     raise NotClaimed(f"the backend has no kernel (and no fallback) for {missing}") from e
                 raise
@@ -411,14 +446,21 @@ class OperatorCheck:
 
     # -------------------------------------------------------------- run
 
-    def run(self) -> OperatorReport:
+    def run(self, resumed: dict | None = None) -> OperatorReport:
+        """Every check of every dtype; after a crash, `resumed` holds the
+        cells that earlier processes finished (the crash's dtype included:
+        its checks after the crash are not run), which are not run again."""
+        for dtype, checks in (resumed or {}).items():
+            self.report.cells[dtype] = {check: Outcome(*found) for check, found in checks.items()}
         for dtype in self.dtypes:
+            if dtype_name(dtype) in self.report.cells:
+                continue
             try:
                 self._run_dtype(dtype)
             except NotClaimed as e:
                 name = dtype_name(dtype)
                 self.report.cells[name] = {"forward": Outcome("not-claimed", str(e))}
-        if self.op.error_inputs_func is not None:
+        if self.op.error_inputs_func is not None and ERRORS_DTYPE not in self.report.cells:
             try:
                 self._check_errors()
             except NotClaimed as e:
@@ -531,6 +573,7 @@ class OperatorCheck:
         if outcome is None:
             return
         clause = CHECKS["out"][0]
+        written = []  # (index, sample, CPU out= tensors, spec, expected, returns_out) of samples whose out= passed
         for index, pristine, cpu_pristine, _ in passed[:OUT_SAMPLES]:
             sample, cpu_sample = _clone_sample(pristine), _clone_sample(cpu_pristine)
             try:  # the CPU's out= result, into tensors the CPU accepts
@@ -578,22 +621,80 @@ class OperatorCheck:
                 for layout in OUT_LAYOUTS:
                     self._check_out_layout(outcome, layout, pristine, cpu_pristine, flat, spec, expected, name,
                                            index, atol, rtol)
+                written.append((index, pristine, tree_flatten(cpu_out)[0], spec, expected, returns_out))
+        self._check_out_device(dtype, written, atol, rtol)
+
+    def _check_out_device(self, dtype, written, atol, rtol) -> None:
+        """out= tensors on the CPU (and on another device of the backend) for
+        device inputs. CUDA refuses them (PyTorch's test_out expects a
+        RuntimeError); PyTorch's stock CPU fallback computes on the CPU and
+        writes the result into them. Either is right; returning with the
+        tensors unwritten, holding other values, or not returned as the CPU
+        returns them is not. Each out= tensor starts with values unlike the
+        result's everywhere, so an unwritten one cannot pass."""
+        if not written:
+            return
+        name = dtype_name(dtype)
+        outcome = self._begin("out-device", dtype)
+        if outcome is None:
+            return
+        clause = CHECKS["out-device"][0]
+        for index, pristine, cpu_outs, spec, expected, returns_out in written:
+            for where in self.foreign_devices:
+                step = f"{name}: out= on {where}, {_describe(pristine, index)}"
+                sample = _clone_sample(pristine)
+
+                def call(sample=sample, where=where, cpu_outs=cpu_outs, spec=spec):
+                    outs = [_unlike(t).to(where) for t in cpu_outs]
+                    given = spec.unflatten(outs) if len(outs) > 1 else outs[0]
+                    return outs, given, self.op(sample.input, *sample.args, **sample.kwargs, out=given)
+
+                try:  # (the operator ran with out= on the device: a kernel missing for these out= is a refusal)
+                    outs, given, returned = self._run_device(call, clause, step, not_claimed=False)
+                except REFUSALS:
+                    outcome.samples += 1
+                    outcome.record("pass")
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    outcome.samples += 1
+                    outcome.record("fail", f"{step}: raised {_first_line(e)}; an out= tensor on another device is "
+                                           f"refused with {' or '.join(t.__name__ for t in REFUSALS)}, or filled "
+                                           "with the result")
+                    continue
+                outcome.samples += 1
+                returned_flat, _ = tree_flatten(returned)
+                if returns_out and (len(returned_flat) != len(outs) or
+                                    any(r is not o for r, o in zip(returned_flat, outs))):
+                    outcome.record("fail", f"{step}: accepted the out= tensor(s) on {where} but did not return "
+                                           "them, as the CPU returns its out= tensors")
+                    continue
+                moved = [o.device != torch.device(where) for o in outs]
+                if any(moved):
+                    outcome.record("fail", f"{step}: accepted the out= tensor(s) on {where} and moved them to "
+                                           f"{outs[moved.index(True)].device}")
+                    continue
+                problem = _mismatch(_results_to_cpu(pristine.output_process_fn_grad(given)), expected, atol, rtol)
+                outcome.record("fail" if problem else "pass",
+                               f"{step}: accepted the out= tensor(s) on {where} (neither refused nor filled with the "
+                               f"result): they hold {problem}" if problem else "")
 
     def _check_out_layout(self, outcome, layout, sample, cpu_sample, flat, spec, reference, name, index, atol,
                           rtol) -> None:
         """out= tensors of another layout than the result's: non-contiguous
         ones (written through their strides, which stay), or empty ones (the
         operator resizes them). The device must do what the CPU does with the
-        same tensors: the same values, shapes and strides afterwards. Where
+        same tensors: the same values and shapes afterwards, and for the
+        non-contiguous ones the same strides (OUT_LAYOUTS). Where
         the CPU's values differ from its out= result with a fresh tensor
         (`reference`), the CPU is no reference: no evidence."""
         op, clause = self.op, CHECKS["out"][0]
 
         def run(sample, device):
-            outs = [OUT_LAYOUTS[layout](t, device) for t in flat]
+            make, strides = OUT_LAYOUTS[layout]
+            outs = [make(t, device) for t in flat]
             given = spec.unflatten(outs) if len(outs) > 1 else outs[0]
             op(sample.input, *sample.args, **sample.kwargs, out=given)
-            return [_geometry(o) for o in outs], sample.output_process_fn_grad(given)
+            return [_geometry(o) if strides else (tuple(o.shape),) for o in outs], sample.output_process_fn_grad(given)
 
         try:  # (fresh copies of the samples: operators may write into their inputs)
             cpu_sample = _clone_sample(cpu_sample)
@@ -613,7 +714,8 @@ class OperatorCheck:
             return
         outcome.samples += 1
         if got_layout != expected_layout:
-            outcome.record("fail", f"{step}: out= has (shape, strides) {got_layout} afterwards; the CPU's has "
+            what = "(shape, strides)" if OUT_LAYOUTS[layout][1] else "shape"
+            outcome.record("fail", f"{step}: out= has {what} {got_layout} afterwards; the CPU's has "
                                    f"{expected_layout}")
             return
         problem = _mismatch(_results_to_cpu(got), expected, atol, rtol)
@@ -688,7 +790,10 @@ class OperatorCheck:
                 continue
             step = f"{name}: backward, {_describe(sample, index)}"
             try:
-                got, _ = self._run_device(lambda: self._gradients(sample, seeds), clause, step)
+                # Fresh leaves on the device too, as the CPU copy's are: a
+                # sample tensor may be a leaf view that autograd gives no
+                # gradient on any device (istft's window[:8]).
+                got, _ = self._run_device(lambda: self._gradients(_clone_sample(sample), seeds), clause, step)
             except NotClaimed:
                 raise
             except Exception as e:  # noqa: BLE001

@@ -141,3 +141,25 @@ def progress(name: str, value) -> None:
     properties itself; its progress is then dropped."""
     if _channel is not None and os.getpid() == _channel_pid:
         _channel({PROGRESS_MESSAGE: [name, value]})
+
+
+# ------------------------------------------------------------ resumption
+
+# What earlier processes of the test about to be forked found before one of
+# them crashed (user property -> its last progress, with the crash recorded):
+# set by the parent before it forks the test again, inherited by the child.
+_resumed: dict = {}
+
+
+def resume_with(found: dict | None) -> None:
+    """In the parent: the next forked test process goes on from `found`
+    (None: it starts afresh)."""
+    _resumed.clear()
+    _resumed.update(found or {})
+
+
+def resumed(name: str):
+    """In a test process: the progress `name` that an earlier process of this
+    test reached before it crashed (the crash included), for the test to go
+    on after it; None when the test starts afresh."""
+    return _resumed.get(name)

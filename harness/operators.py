@@ -93,6 +93,7 @@ CHECK_CLAUSES = {
     "forward": "OP-INFO-001.1",
     "noncontiguous": "OP-INFO-001.2",
     "out": "OP-INFO-002.1",
+    "out-device": "OP-INFO-002.3",
     "inplace": "OP-INFO-002.2",
     "backward": "OP-INFO-003.1",
     "errors": "OP-INFO-004.1",
@@ -127,6 +128,32 @@ def operator_result(nodeid: str, cells: dict, verdict: Verdict, message: str,
                 cell.messages[check] = text if len(text) <= MATRIX_MESSAGE_LIMIT else \
                     text[: MATRIX_MESSAGE_LIMIT - 1] + "…"
         result.cells.append(cell)
+    return result
+
+
+def after_crash(cells: dict, message: str) -> dict:
+    """An operators-area test's cells property (as its progress said it
+    when its process crashed, with "at" naming the check under way), with
+    that check recorded as a crash: where a fresh process of the test goes
+    on from (harness/evidence.py's resumed). The crash's dtype is done."""
+    rows = {d: dict(c) for d, c in cells.get("cells", {}).items()}
+    dtype, check = cells["at"]
+    rows.setdefault(dtype, {})[check] = ["crash", message.splitlines()[0] if message else "", 0]
+    return {"operator": cells.get("operator", ""), "cells": rows}
+
+
+def crash_outcomes(cells: dict, outcomes: dict | None) -> dict:
+    """Each contract's outcome (OUTCOMES_PROPERTY) over an operator's cells
+    when some of them crashed or hung: a contract with such a check gets
+    that verdict (the first found), whatever its other checks found."""
+    result = {c: list(o) for c, o in (outcomes or {}).items()}
+    for checks in cells.get("cells", {}).values():
+        for check, (verdict, message, *_) in checks.items():
+            clause = CHECK_CLAUSES.get(check, "")
+            contract = clause.split(".")[0]
+            if verdict in ("crash", "hang") and contract and \
+                    result.get(contract, [""])[0] not in ("crash", "hang"):
+                result[contract] = [verdict, message, clause]
     return result
 
 

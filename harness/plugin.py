@@ -464,7 +464,7 @@ class ConformanceSession:
                 "cells": {operators_mod.ALL_DTYPES: {"forward": ["not-claimed", reason, 0]}}}))
             reports = [report]
         elif self.isolation == "fork":
-            reports = isolation.run_forked(item, self.timeout)
+            reports = self._go_on_after_crash(item, isolation.run_forked(item, self.timeout))
         else:
             from _pytest.runner import runtestprotocol
 
@@ -474,6 +474,56 @@ class ConformanceSession:
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def _go_on_after_crash(self, item: pytest.Item, reports: list[pytest.TestReport]) -> list[pytest.TestReport]:
+        """An operators-area test whose process crashed goes on in a fresh
+        process after the dtype it crashed in (and again after each later
+        crash), so that one crashing dtype does not hide the operator's
+        others. The crash stays the test's verdict, charged where it
+        happened; the report gets the whole operator matrix row, and each
+        contract the outcome of its own checks (a crashed check makes its
+        contract a crash). A hang is not gone on from: the next dtype
+        would likely cost the whole time limit again."""
+        crash = next((r for r in reports if r.when == "call" and r.failed
+                      and dict(r.user_properties).get("verdict") == isolation.CRASH), None)
+        cells = dict(crash.user_properties).get(operators_mod.CELLS_PROPERTY) if crash else None
+        if not cells or not cells.get("at"):
+            return reports
+        state = operators_mod.after_crash(cells, str(crash.longrepr))
+        outcomes, processes = None, 0
+        # Each process finishes at least one more cell row (a dtype, or the error inputs').
+        limit = len(self.operator(item.callspec.params["opinfo_key"]).supported_dtypes("cpu")) + 1
+        while processes < limit:
+            processes += 1
+            evidence.resume_with({operators_mod.CELLS_PROPERTY: state})
+            try:
+                more = isolation.run_forked(item, self.timeout)
+            finally:
+                evidence.resume_with(None)
+            call = next((r for r in more if r.when == "call"), None)
+            if call is None:  # its setup failed: keep what the crash left
+                break
+            crash.duration += call.duration
+            props = dict(call.user_properties)
+            found = props.get(operators_mod.CELLS_PROPERTY) or {}
+            if props.get("verdict") == isolation.CRASH and found.get("at"):
+                state = operators_mod.after_crash(found, str(call.longrepr))
+                continue
+            if props.get("verdict") == isolation.HANG and found.get("at"):
+                dtype, check = found["at"]
+                state = {**found, "cells": {**found.get("cells", {}),
+                                            dtype: {**found.get("cells", {}).get(dtype, {}),
+                                                    check: ["hang", str(call.longrepr).splitlines()[0], 0]}}}
+                state.pop("at", None)
+                break
+            state, outcomes = found or state, props.get(operators_mod.OUTCOMES_PROPERTY)
+            break
+        crash.user_properties = [p for p in crash.user_properties if p[0] != operators_mod.CELLS_PROPERTY]
+        crash.user_properties += [(operators_mod.CELLS_PROPERTY, state),
+                                  (operators_mod.OUTCOMES_PROPERTY, operators_mod.crash_outcomes(state, outcomes))]
+        crash.longrepr = (f"{crash.longrepr}\n--- after the crash ---\nthe operator's remaining dtypes ran in "
+                          f"{processes} fresh process(es); the operator matrix has their cells")
+        return reports
 
     def _operator_not_claimed(self, item: pytest.Item) -> str | None:
         """Why the manifest does not claim the operator an operators-area test checks, or None."""

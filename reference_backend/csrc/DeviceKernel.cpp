@@ -1,6 +1,7 @@
 #include "DeviceKernel.h"
 
 #include "Exception.h"
+#include "Mutants.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -52,7 +53,8 @@ at::Tensor make_alias(const c10::Storage& cpu, caffe2::TypeMeta dtype, c10::IntA
 }  // namespace
 
 TensorRef::TensorRef(const at::Tensor& t)
-    : storage_data(t.storage().mutable_data()),
+    : storage_identity(t.storage().unsafeGetStorageImpl()),
+      storage_data(t.storage().mutable_data()),
       storage_nbytes(t.storage().nbytes()),
       sizes(t.sizes().vec()),
       strides(t.strides().vec()),
@@ -78,8 +80,13 @@ void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool w
   OPENREG_CHECK(status);
 }
 
-const c10::Storage& AliasBuilder::cpu_storage_for(void* device_data, size_t nbytes) {
-  auto it = cpu_by_device_data_.find(device_data);
+const c10::Storage& AliasBuilder::cpu_storage_for(const void* identity, void* device_data, size_t nbytes) {
+  // Storages are told apart by their device address, or, for storages
+  // without memory (all of them at address null), by the device storage
+  // itself: two empty out= tensors must not look like aliases of each other
+  // to the CPU kernel (linalg_qr's out= kernel checks whether Q aliases R).
+  const void* key = device_data != nullptr ? device_data : identity;
+  auto it = cpu_by_device_data_.find(key);
   if (it != cpu_by_device_data_.end()) return it->second;
   void* accessible = nullptr;
   if (device_data != nullptr && nbytes > 0) {
@@ -88,11 +95,11 @@ const c10::Storage& AliasBuilder::cpu_storage_for(void* device_data, size_t nbyt
   c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes,
                    c10::DataPtr(accessible, c10::Device(c10::kCPU)),
                    /*allocator=*/nullptr, /*resizable=*/false);
-  return cpu_by_device_data_.emplace(device_data, std::move(cpu)).first->second;
+  return cpu_by_device_data_.emplace(key, std::move(cpu)).first->second;
 }
 
 at::Tensor AliasBuilder::alias(const TensorRef& ref) {
-  return make_alias(cpu_storage_for(ref.storage_data, ref.storage_nbytes), ref.dtype,
+  return make_alias(cpu_storage_for(ref.storage_identity, ref.storage_data, ref.storage_nbytes), ref.dtype,
                     ref.sizes, ref.strides, ref.storage_offset, ref.conj, ref.neg);
 }
 
@@ -102,7 +109,9 @@ at::Tensor AliasBuilder::alias(const at::Tensor& t) {
   const auto known = cpu_by_tensor_.find(t.unsafeGetTensorImpl());
   if (known != cpu_by_tensor_.end()) return known->second;
   const c10::Storage& storage = t.storage();
-  const c10::Storage& cpu = cpu_storage_for(storage.mutable_data(), storage.nbytes());
+  const c10::Storage& cpu = cpu_storage_for(
+      mutant::is("alias-empty-storages-shared") ? nullptr : storage.unsafeGetStorageImpl(),
+      storage.mutable_data(), storage.nbytes());
   device_by_cpu_.emplace(cpu.unsafeGetStorageImpl(), storage);
   at::Tensor alias = make_alias(cpu, t.dtype(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),
                                 t.is_neg());

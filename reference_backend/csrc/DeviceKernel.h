@@ -24,6 +24,7 @@ namespace openreg {
 // on its own stream (or after record_stream's events), as on CUDA.
 struct TensorRef {
   explicit TensorRef(const at::Tensor& t);
+  const void* storage_identity;  // the device StorageImpl, as an identity only (never dereferenced)
   void* storage_data;       // device address of the storage (null if empty)
   size_t storage_nbytes;
   std::vector<int64_t> sizes;
@@ -56,8 +57,9 @@ class AliasBuilder {
   const c10::Storage* device_storage_of(const c10::StorageImpl* cpu_storage) const;
 
  private:
-  const c10::Storage& cpu_storage_for(void* device_data, size_t nbytes);
-  std::unordered_map<void*, c10::Storage> cpu_by_device_data_;
+  const c10::Storage& cpu_storage_for(const void* identity, void* device_data, size_t nbytes);
+  // Device address (or, for a storage without memory, the device storage) -> its CPU storage.
+  std::unordered_map<const void*, c10::Storage> cpu_by_device_data_;
   // One alias per device tensor: an argument passed twice (cat((x, y),
   // out=x)) is one tensor to the CPU kernel too, as it is to the caller.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> cpu_by_tensor_;

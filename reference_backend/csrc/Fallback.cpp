@@ -8,8 +8,8 @@
 //   device storage; fresh results are moved to the device.
 // * out= arguments that must grow are grown on the device first (the needed
 //   size comes from the operator's Meta kernel).
-// * Mixing devices, or non-scalar CPU tensors with device tensors, is an
-//   error naming both devices, as on CUDA. Operators without a CPU kernel
+// * Mixing devices, or CPU tensors with device tensors (but 0-dim CPU
+//   inputs), is an error naming both devices, as on CUDA. Operators without a CPU kernel
 //   fail with an error naming the operator and the device.
 // The fallback is synchronous: it waits for its kernel, because it must know
 // the results' shapes to build them.
@@ -84,6 +84,9 @@ c10::DeviceIndex find_device(const c10::FunctionSchema& schema,
   const bool cpu_indices_ok = accepts_cpu_indices(schema.operator_name());
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& name = schema.arguments()[i].name();
+    // A CPU scalar may be an input next to device tensors (as on CUDA), never
+    // a tensor the operator writes (an out= tensor).
+    const bool written = writes(schema.arguments()[i]) && !mutant::is("fallback-cpu-out-written-to-copy");
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (on_openreg(t)) {
@@ -95,7 +98,7 @@ c10::DeviceIndex find_device(const c10::FunctionSchema& schema,
                     "! (when checking argument '", name, "' of ", schema.name(), ")");
         device = index;
       } else if (t.is_cpu()) {
-        if (t.dim() > 0 && !cpu_indices_ok && cpu_argument.empty()) cpu_argument = name;
+        if ((t.dim() > 0 || written) && !cpu_indices_ok && cpu_argument.empty()) cpu_argument = name;
       } else {
         TORCH_CHECK(false, "OpenReg: ", schema.name(), " got argument '", name,
                     "' on ", describe(t.device()),
@@ -296,6 +299,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         cpu_args.push_back(host_out[i]
             ? c10::IValue(at::empty({0}, args[i].toTensor().options().device(c10::kCPU)))
             : to_cpu(args[i], schema.arguments()[i], builder, generator_device));
+        // Mutant fallback-cpu-out-written-to-copy: a CPU out= tensor is accepted, and the result lost in a copy of it.
+        if (mutant::is("fallback-cpu-out-written-to-copy") && writes(schema.arguments()[i]) &&
+            args[i].isTensor() && args[i].toTensor().is_cpu()) cpu_args.back() = args[i].toTensor().clone();
       }
       if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
         // Reads the input as if it were contiguous (its storage, in order).
@@ -344,11 +350,21 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!host_out[i]) continue;
     const at::Tensor& device_tensor = args[i].toTensor();
     const at::Tensor& host = cpu_args[i].toTensor();
-    device_tensor.resize_(host.sizes());
+    // The out= tensor gets the CPU kernel's geometry, strides included, as
+    // a CPU out= tensor gets it: kernels lay results out as they need
+    // (geqrf makes an empty out= column-major). Only its sizes are a
+    // contract (test_out compares no strides of a resized out=), but a
+    // device that matches the CPU here surprises nobody.
+    const size_t needed = at::detail::computeStorageNbytes(
+        host.sizes(), host.strides(), host.dtype().itemsize(), device_tensor.storage_offset());
+    auto* storage = device_tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+    device_tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+        host.sizes(), host.strides(), device_tensor.storage_offset());
     device_tensor.copy_(host);
   }
 
-  // Kernels may reshape mutable arguments (e.g. resize an out= tensor).
+  // Kernels may reshape mutable arguments (e.g. resize an out= tensor) ...
   for (size_t i = 0; i < num_args; ++i) {
     if (!writes(schema.arguments()[i]) || !args[i].isTensor() || host_out[i]) continue;
     const at::Tensor& device_tensor = args[i].toTensor();
@@ -363,6 +379,13 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       device_tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
           alias.sizes(), alias.strides(), alias.storage_offset());
     }
+    // ... or flip its conjugation or negation bit (linalg_lu_solve's out=
+    // kernel, with left=False, returns X^H as a conjugate view of what it
+    // wrote). Mutant fallback-drops-conj-bit-of-out: the bit stays behind.
+    if (alias.is_conj() != device_tensor.is_conj() && !mutant::is("fallback-drops-conj-bit-of-out")) {
+      device_tensor._set_conj(alias.is_conj());
+    }
+    if (alias.is_neg() != device_tensor.is_neg()) device_tensor._set_neg(alias.is_neg());
   }
 
   torch::jit::Stack outputs;

@@ -20,6 +20,7 @@ __attribute__((constructor(101))) void read_selection() {
 const std::vector<std::string>& known() {
   // Kept in step with conformance/mutants.toml by tests/test_mutants.py.
   static const std::vector<std::string> ids = {
+      "alias-empty-storages-shared",
       "allocation-on-bad-index-uses-device-0",
       "any-host-pointer-is-pinned",
       "autocast-does-not-cast",
@@ -67,6 +68,8 @@ const std::vector<std::string>& known() {
       "exchange-stream-returns-new",
       "exchange-stream-switches-device",
       "exchange-stream-uses-current-device",
+      "fallback-cpu-out-written-to-copy",
+      "fallback-drops-conj-bit-of-out",
       "fallback-out-cannot-grow",
       "fallback-views-are-copies",
       "fork-not-detected",
