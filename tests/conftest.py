@@ -28,7 +28,7 @@ BACKEND_MODULES = {
     "test_device_management.py", "test_hooks.py", "test_guard.py", "test_tensors.py",
     "test_rng.py", "test_memory.py", "test_isolation.py", "test_config.py",
     "test_acceptance.py", "test_streams_events.py", "test_allocator.py", "test_amp.py",
-    "test_processes.py",
+    "test_processes.py", "test_inductor.py",
 }
 
 

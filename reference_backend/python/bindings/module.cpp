@@ -9,6 +9,8 @@
 #include <Mutants.h>
 #include <Stream.h>
 
+#include "inductor.h"
+
 #include <ATen/Context.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
@@ -238,5 +240,6 @@ PYBIND11_MODULE(_C, m) {
 
   // Instrumentation for the conformance suite and the tests.
   m.def("_runtime_counters", &runtime_counters);
+  openreg_bindings::add_inductor_api(m);
   m.def("_empty_host_cache", [] { openreg::host_allocator()->empty_cache(); });
 }

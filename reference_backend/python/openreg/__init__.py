@@ -419,6 +419,10 @@ class _DeviceProperties:
         self.index = index
         self.total_memory = total_memory
         self.type = _BACKEND_NAME
+        # The units a kernel of the device runs on in parallel: the host's
+        # cores, which Inductor's C++ kernels use through OpenMP on the
+        # stream's worker (Inductor sizes split reductions by this).
+        self.multi_processor_count = os.cpu_count() or 1
 
     def __repr__(self) -> str:
         return (f"_OpenRegDeviceProperties(name={self.name!r}, index={self.index}, "

@@ -1,12 +1,14 @@
-"""torch._dynamo's device interface for OpenReg.
+"""torch._dynamo's device interface and Inductor's backend for OpenReg.
 
 Dynamo and Inductor look devices up with
 ``torch._dynamo.device_interface.get_interface_for_device(name)``; PyTorch
 2.13 registers CUDA, XPU, MPS, MTIA and CPU there, never a PrivateUse1
-backend. Importing torch._dynamo costs seconds, so ``import openreg`` does not
-do it: it installs a post-import hook that registers the interface the moment
-anything imports ``torch._dynamo.device_interface`` (or at once if it
-already has been).
+backend. Inductor looks a device's code generators up in its registry
+(``register_backend_for_device``). Importing either costs seconds, so
+``import openreg`` does not do it: it installs post-import hooks that
+register OpenReg the moment anything imports
+``torch._dynamo.device_interface`` or Inductor's compiler,
+``torch._inductor.compile_fx`` (or at once if it already has been).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import importlib.machinery
 import sys
 from typing import Any
 
-_TARGET = "torch._dynamo.device_interface"
+_DYNAMO = "torch._dynamo.device_interface"
+_INDUCTOR = "torch._inductor.compile_fx"
 
 
 def _register() -> None:
@@ -87,31 +90,48 @@ def _register() -> None:
         register_interface_for_device(f"openreg:{index}", OpenRegInterface)
 
 
+def _register_inductor() -> None:
+    from openreg import _inductor
+
+    _inductor.register()
+
+
+_HOOKS = {_DYNAMO: _register, _INDUCTOR: _register_inductor}
+
+
 class _Loader(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader) -> None:
+    def __init__(self, wrapped: importlib.abc.Loader, then) -> None:  # type: ignore[no-untyped-def]
         self.wrapped = wrapped
+        self.then = then
 
     def create_module(self, spec):  # type: ignore[no-untyped-def]
         return self.wrapped.create_module(spec)
 
     def exec_module(self, module) -> None:  # type: ignore[no-untyped-def]
         self.wrapped.exec_module(module)
-        _register()
+        self.then()
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.pending = {name: hook for name, hook in _HOOKS.items() if name not in sys.modules}
+
     def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        if fullname != _TARGET:
+        hook = self.pending.pop(fullname, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)  # once
+        if not self.pending:
+            sys.meta_path.remove(self)  # every hook has run
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, hook)
         return spec
 
 
 def install() -> None:
-    if _TARGET in sys.modules:
-        _register()
-    else:
-        sys.meta_path.insert(0, _Finder())
+    finder = _Finder()
+    for name, hook in _HOOKS.items():
+        if name in sys.modules:
+            hook()
+    if finder.pending:
+        sys.meta_path.insert(0, finder)
