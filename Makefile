@@ -13,7 +13,7 @@ REPORT_DIR ?= conformance-report
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 
-.PHONY: conformance test benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
+.PHONY: conformance test mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -22,11 +22,17 @@ conformance: build
 	$(VENV)/bin/privateuse1-conformance run --backend openreg --report-dir $(REPORT_DIR)
 
 ## All of the project's tests: the runtime's GoogleTest suite (plain, under
-## ASan+UBSan and under TSan), a short fuzzing run of the runtime, and pytest.
+## ASan+UBSan and under TSan), a short fuzzing run of the runtime, and pytest
+## (with a sample of the mutation run: one mutant per contract area).
 test: build
 	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
-	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q
+	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q -m "not mutation"
+
+## The whole mutation run: every mutant killed on target, and every ordering
+## mutant killed in 20 of 20 runs on a busy machine (about an hour).
+mutants: build
+	$(PYTHON) -m pytest tests/test_mutants.py -q -m mutation
 
 # Sanitizer builds of the runtime (plain C++, no torch): each a standalone
 # CMake build of reference_backend/runtime and its GoogleTest suite.

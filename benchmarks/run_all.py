@@ -66,6 +66,12 @@ def main() -> int:
     subprocess.run(suite_args, check=True)
     results["suite"] = json.loads((HERE / "results-suite.json").read_text())
     (HERE / "results-suite.json").unlink()
+    # torch.compile with Inductor against eager, and compile times, on
+    # openreg and on the CPU (its own interpreter: it compiles models).
+    inductor_json = HERE / "results-inductor.json"
+    subprocess.run([sys.executable, str(HERE / "bench_inductor.py"), "--json", str(inductor_json)], check=True)
+    results["inductor"] = json.loads(inductor_json.read_text())
+    inductor_json.unlink()
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwritten {HERE / 'results.json'}")
@@ -113,6 +119,13 @@ def print_table(results: dict) -> None:
     for s in growth:
         line(f"suite time growth, 1 -> {s['devices']} devices", f"x{s['growth_vs_1_device']}",
              f"<= x{s['linear_bound']:g}", s["growth_vs_1_device"] <= s["linear_bound"])
+    for name, entry in results.get("inductor", {}).get("models", {}).items():
+        for device, times in entry.items():
+            for what in ("forward", "forward+backward"):
+                line(f"torch.compile {name} {what} on {device}, eager / compiled",
+                     f"x{times[what]['speedup']}", "(no target)", None)
+            line(f"torch.compile {name} first call on {device}, cold / warm cache",
+                 f"{times['compile_s']['cold']} / {times['compile_s']['warm']} s", "(no target)", None)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def test_dynamic_shapes_compile_once_for_every_batch_size():
 
 def test_each_kernel_runs_on_its_tensors_device_and_the_current_device_stays(two_devices):
     def f(a, b):
-        return (a.sin() + 1).sum(), (b.cos() * 2).sum()
+        # The second result is pointwise: the CPU's scheduler would fuse it
+        # with the first's reduction if they were on one device.
+        return (a.sin() + 1).sum(), b.cos() * 2 - b
 
     compiled = torch.compile(f)
     a = torch.randn(100, device="openreg:0")
@@ -134,6 +136,42 @@ def test_a_kernel_refuses_host_tensors():
     if torch.openreg.device_count() > 1:
         with pytest.raises(RuntimeError, match="argument 1 is on openreg:1"):
             launcher(x, torch.empty(4, device="openreg:1"), 4)
+
+
+MIXED = """
+import json, sys, torch, openreg
+def f(a, b):
+    return (a.sin() * 2 + 1).sum(dim=0), b.cos() - b
+a, b = torch.randn(64, 8).to("openreg:1"), torch.randn(32, 4).to("openreg:0")
+try:
+    print(json.dumps([str(r.device) for r in torch.compile(f)(a, b)]))
+except Exception as error:
+    print(json.dumps(str(error)))
+"""
+
+
+def test_code_generated_under_a_mutant_is_not_served_to_the_backend(two_devices, tmp_path):
+    """Inductor's FX graph cache outlives the process: OpenReg's settings
+    that change the generated code (here the selected mutant) are part of
+    its key (openreg/_inductor_config.py), so code generated under a mutant
+    is never served to the unmutated backend sharing the cache folder."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("OPENREG_MUTANT", None)
+
+    def run(mutant=None):
+        extra = {"OPENREG_MUTANT": mutant} if mutant else {}
+        proc = subprocess.run([sys.executable, "-c", MIXED], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert "a kernel runs on one device" in run("inductor-buffers-on-current-device")
+    assert run() == ["openreg:1", "openreg:0"]
 
 
 def test_kernels_are_compiled_once():

@@ -91,6 +91,8 @@ const std::vector<std::string>& known() {
       "hooks-exchange-returns-new",
       "hooks-maybe-exchange-ignores-valid",
       "hooks-set-current-device-noop",
+      "inductor-kernels-on-default-stream",
+      "inductor-map-ignores-offset",
       "init-at-import",
       "init-on-every-generator",
       "initial-device-is-last",

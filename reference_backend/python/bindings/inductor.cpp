@@ -4,6 +4,7 @@
 // device, and mapping device memory for the kernel on the stream's worker.
 #include "inductor.h"
 
+#include <Mutants.h>
 #include <Stream.h>
 
 #include <openreg/runtime.h>
@@ -65,7 +66,9 @@ orError_t run_launch(void* argument) {
 int launch_call(int device, OpenRegInductorKernel run, void* call, void (*release)(void*)) {
   try {
     const auto index = static_cast<c10::DeviceIndex>(device);
-    const c10::Stream stream = openreg::current_stream(index);
+    // Mutant inductor-kernels-on-default-stream: the caller's current stream is ignored.
+    const c10::Stream stream = openreg::mutant::is("inductor-kernels-on-default-stream")
+        ? openreg::default_stream(index) : openreg::current_stream(index);
     auto* launch = new Launch{run, call, release};
     const orStream_t native = openreg::native_stream(stream);
     const orError_t status = orLaunchKernel(native, &run_launch, launch);
@@ -97,7 +100,8 @@ void* map_tensor(const OpenRegInductorTensor* tensor, int* failed) {
     *failed = 1;
     return nullptr;
   }
-  return static_cast<char*>(accessible) + tensor->offset;
+  // Mutant inductor-map-ignores-offset: a view's first element is taken to be its storage's.
+  return static_cast<char*>(accessible) + (openreg::mutant::is("inductor-map-ignores-offset") ? 0 : tensor->offset);
 }
 
 void fail(const char* message) { orKernelSetError(message); }

@@ -28,6 +28,7 @@ not generate, the FX graph and code caches) is Inductor's own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from torch._inductor.codegen.common import (
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
+
+from . import _mutants
 
 DEVICE = "openreg"
 INCLUDE_DIR = Path(__file__).with_name("include")
@@ -178,6 +181,10 @@ def device_guard(index: int):
     enters around each OpenReg kernel)."""
     from torch._dynamo.device_interface import DeviceGuard
 
+    # Mutant inductor-guard-keeps-kernel-device: the device is switched, never switched back.
+    if _mutants.active("inductor-guard-keeps-kernel-device"):
+        _device_interface().set_device(index)
+        return contextlib.nullcontext()
     return DeviceGuard(_device_interface(), index)
 
 
@@ -231,7 +238,8 @@ class _OpenRegWrapperMixin:
 
     def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
         line = super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
-        if device.type == DEVICE and device.index is not None:
+        # Mutant inductor-buffers-on-current-device: the buffer lands on whatever device is current.
+        if device.type == DEVICE and device.index is not None and not _mutants.active("inductor-buffers-on-current-device"):
             # On the buffer's own device, not the current one (a GPU's
             # buffers are allocated inside its device guard, OpenReg's
             # between its kernels' guards).
@@ -329,7 +337,11 @@ def register() -> None:
     """Registers OpenReg's Inductor backend: its kernels' and wrapper's code
     generators and its device operations (openreg/_dynamo.py calls this once
     Inductor's compiler is imported)."""
-    register_backend_for_device(DEVICE, OpenRegScheduling, OpenRegWrapperCodegen)
+    from . import _inductor_config
+
+    _inductor_config.mutant = _mutants.SELECTED or ""
+    register_backend_for_device(DEVICE, OpenRegScheduling, OpenRegWrapperCodegen,
+                                device_custom_config=_inductor_config)
     register_device_op_overrides(DEVICE, OpenRegDeviceOpOverrides())
     _kernels_are_cpp_code()
     _scheduler_nodes_are_cpp_code()

@@ -25,6 +25,8 @@ KNOWN: frozenset[str] = frozenset({
     "dynamo-exchange-returns-new",
     "dynamo-synchronize-is-noop",
     "fork-poisons-uninitialized",
+    "inductor-buffers-on-current-device",
+    "inductor-guard-keeps-kernel-device",
     "load-on-current-device",
     "manual-seed-not-reaching-device",
     "manual-seed-seeds-all",
