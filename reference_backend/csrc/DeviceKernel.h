@@ -66,6 +66,14 @@ class AliasBuilder {
   std::unordered_map<const c10::StorageImpl*, c10::Storage> device_by_cpu_;
 };
 
+// Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
+// operators whose results' geometry their Meta kernel tells, instead of
+// waiting for them. Off unless the environment variable
+// OPENREG_ASYNC_OPERATORS is 1 when the library loads (every call then pays
+// PyTorch's Meta kernel, mostly Python; docs/reference-backend/streams-and-events.md).
+bool async_operators();
+void set_async_operators(bool on);
+
 // A device tensor viewing `storage` with the geometry and dtype of `like`
 // (a CPU tensor), sharing `storage`.
 at::Tensor device_view(const c10::Storage& storage, const at::Tensor& like,

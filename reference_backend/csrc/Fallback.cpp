@@ -11,8 +11,11 @@
 // * Mixing devices, or CPU tensors with device tensors (but 0-dim CPU
 //   inputs), is an error naming both devices, as on CUDA. Operators without a CPU kernel
 //   fail with an error naming the operator and the device.
-// The fallback is synchronous: it waits for its kernel, because it must know
-// the results' shapes to build them.
+// By default the fallback is synchronous: it waits for its kernel, because it
+// must know the results' shapes to build them. With asynchronous operators
+// on (OPENREG_ASYNC_OPERATORS=1), operators whose Meta kernel tells the
+// results' geometry return at once with their kernel queued on the stream
+// (the asynchronous path, below).
 #include "DeviceKernel.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
@@ -27,6 +30,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
@@ -139,6 +145,12 @@ c10::IValue to_meta(const c10::IValue& value) {
   }
   return value;
 }
+
+// Collects warnings instead of giving them (c10::WarningUtils::WarningHandlerGuard).
+struct HeldWarnings : c10::WarningHandler {
+  void process(const c10::Warning& warning) override { held.push_back(warning); }
+  std::vector<c10::Warning> held;
+};
 
 // Grows out= arguments on the device so that the CPU kernel finds them big
 // enough (alias storages cannot grow). Returns whether any grew (false if
@@ -272,6 +284,394 @@ void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector
   }
 }
 
+// ---------------------------------------------------------------- asynchronous path
+//
+// With asynchronous operators on (OPENREG_ASYNC_OPERATORS=1; off by default,
+// since PyTorch's Meta kernels are mostly Python and cost more than a small
+// synchronous call), most operators return at once, as on a real
+// accelerator: the host learns
+// the results' geometry from the operator's Meta kernel, allocates fresh
+// results on the device, builds views of the inputs' storages for results
+// that alias them, and queues the CPU kernel on the current stream, where it
+// writes the preallocated results. The host never waits. Everything else
+// takes the synchronous path below: operators with no Meta kernel or whose
+// Meta kernel fails (it raises the shape errors the CPU kernel would raise,
+// so those are left to the CPU kernel, at the call), results whose size
+// depends on the data (nonzero, masked_select, unique: Meta cannot tell),
+// results that are not tensors (item, equal), random operators (their
+// generator's state is read and advanced on the host's side of the call),
+// out= arguments that must be resized, and CPU tensors of more than 0
+// dimensions. Structured operators (add, mm, ...) reach the fallback as
+// their out= variant, with the result already allocated at its size.
+//
+// An error the CPU kernel raises on the worker (an index out of range, a
+// singular matrix) is the stream's sticky error, raised by the next
+// synchronization, as a device-side error is on CUDA.
+
+bool is_tensor_type(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+bool is_tensor_list_type(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType &&
+      type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+}
+
+// Operators whose Meta kernel checks less than their CPU kernel: an
+// argument error that the CPU kernel raises (and CUDA's kernels raise at the
+// call) would pass the host and surface only at a synchronization. They take
+// the synchronous path, so that the error is raised at the call. Each was
+// found by the operators area's error inputs (OP-INFO-004) or samples
+// (OP-INFO-001), which report such an error as "returned on the device".
+bool meta_checks_less_than_cpu(const c10::OperatorName& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::convolution",        // the bias's dtype against the input's
+      "aten::masked_fill",        // a complex value for a real tensor
+      "aten::masked_fill_",
+      "aten::native_layer_norm",  // the weight's dtype against the input's
+      "aten::native_batch_norm",  // the same, for batch norm and its backward
+      "aten::_native_batch_norm_legit",
+      "aten::_native_batch_norm_legit_no_training",
+      "aten::native_batch_norm_backward",
+  };
+  return ops.count(name.name) != 0;
+}
+
+// Whether the schema allows the asynchronous path at all.
+bool schema_may_run_async(const c10::FunctionSchema& schema) {
+  if (meta_checks_less_than_cpu(schema.operator_name())) return false;
+  for (const c10::Argument& argument : schema.arguments()) {
+    if (is_optional_generator(argument)) return false;
+  }
+  for (const c10::Argument& ret : schema.returns()) {
+    if (!is_tensor_type(ret.type()) && !is_tensor_list_type(ret.type())) return false;
+  }
+  return true;
+}
+
+// An argument of a queued kernel: a plain value, or device tensors held as
+// TensorRefs (an index into the kernel's refs), or copies of CPU scalars.
+struct QueuedArg {
+  enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kValue;
+  c10::IValue value;              // kValue (a CPU 0-dim tensor is copied)
+  std::vector<int> refs;          // per element: index into refs, or -1
+  std::vector<at::Tensor> cpu;    // per element, where refs is -1: a CPU tensor (copied), undefined, or None
+  std::vector<bool> none;         // kOptionalTensorList: which elements are None
+};
+
+struct QueuedOutput {
+  size_t ret;                     // which return
+  std::optional<size_t> element;  // which element of a list return
+  int ref;                        // the preallocated result (fresh) or the aliased input (view)
+  bool view;
+};
+
+// Whether the asynchronous path is on: OPENREG_ASYNC_OPERATORS=1 when the
+// library loads, or set_async_operators.
+std::atomic<bool> async_operators_on{[] {
+  const char* value = std::getenv("OPENREG_ASYNC_OPERATORS");
+  return value != nullptr && std::string(value) == "1";
+}()};
+
+// Host side of the asynchronous path: returns false (nothing done) when the
+// operator must take the synchronous path. The queued kernel owns no device
+// tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
+// freed on the worker without Python or the device allocator.
+bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  const auto& schema = op.schema();
+  if (!async_operators_on.load(std::memory_order_relaxed)) return false;
+  if (!schema_may_run_async(schema) || !op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    return false;
+  }
+  const size_t num_args = schema.arguments().size();
+  auto args = torch::jit::last(*stack, num_args);
+
+  // Meta counterparts of the device tensors: one meta storage per device
+  // storage (of its size), so that views, offsets and overlaps look to the
+  // Meta kernel as they are.
+  std::vector<TensorRef> refs;
+  std::vector<at::Tensor> ref_tensors;  // host side only: the tensor of each ref
+  std::unordered_map<const c10::TensorImpl*, int> ref_of_tensor;
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> meta_of_storage;
+  std::unordered_map<const c10::StorageImpl*, int> ref_of_meta_storage;
+  bool supported = true;
+  auto meta_of = [&](const at::Tensor& t) -> at::Tensor {
+    auto* device_storage = t.storage().unsafeGetStorageImpl();
+    auto found = meta_of_storage.find(device_storage);
+    if (found == meta_of_storage.end()) {
+      c10::Storage meta(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                        c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
+                        /*resizable=*/true);
+      found = meta_of_storage.emplace(device_storage, std::move(meta)).first;
+    }
+    auto known = ref_of_tensor.find(t.unsafeGetTensorImpl());
+    int ref = -1;
+    if (known == ref_of_tensor.end()) {
+      ref = static_cast<int>(refs.size());
+      refs.emplace_back(t);
+      ref_tensors.push_back(t);
+      ref_of_tensor.emplace(t.unsafeGetTensorImpl(), ref);
+    } else {
+      ref = known->second;
+    }
+    ref_of_meta_storage.emplace(found->second.unsafeGetStorageImpl(), ref);
+    at::Tensor m = at::empty({0}, t.options().device(c10::kMeta));
+    m.unsafeGetTensorImpl()->set_storage_keep_dtype(found->second);
+    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    m._set_conj(t.is_conj());
+    m._set_neg(t.is_neg());
+    return m;
+  };
+
+  std::vector<QueuedArg> queued(num_args);
+  torch::jit::Stack meta_stack;
+  for (size_t i = 0; i < num_args && supported; ++i) {
+    const c10::IValue& value = args[i];
+    QueuedArg& q = queued[i];
+    auto add_tensor = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined()) {
+        q.refs.push_back(-1);
+        q.cpu.emplace_back();
+        return t;
+      }
+      if (on_openreg(t)) {
+        at::Tensor m = meta_of(t);
+        q.refs.push_back(ref_of_tensor.at(t.unsafeGetTensorImpl()));
+        q.cpu.emplace_back();
+        return m;
+      }
+      // A CPU scalar next to device tensors: copied now, since the caller may
+      // change it before the kernel runs.
+      if (!t.is_cpu() || t.dim() > 0) supported = false;
+      q.refs.push_back(-1);
+      q.cpu.push_back(t.clone());
+      return t;
+    };
+    if (value.isTensor()) {
+      q.kind = QueuedArg::Kind::kTensor;
+      meta_stack.push_back(add_tensor(value.toTensor()));
+    } else if (value.isTensorList()) {
+      q.kind = QueuedArg::Kind::kTensorList;
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(add_tensor(t));
+      meta_stack.push_back(std::move(list));
+    } else if (value.isList() && schema.arguments()[i].type()->kind() == c10::TypeKind::ListType &&
+               schema.arguments()[i].type()->castRaw<c10::ListType>()->getElementType()->kind() ==
+                   c10::TypeKind::OptionalType) {
+      // Tensor?[] (index): a list of optional tensors.
+      q.kind = QueuedArg::Kind::kOptionalTensorList;
+      c10::List<std::optional<at::Tensor>> list;
+      for (const c10::IValue& v : value.toListRef()) {
+        q.none.push_back(v.isNone());
+        if (v.isNone()) {
+          q.refs.push_back(-1);
+          q.cpu.emplace_back();
+          list.push_back(std::nullopt);
+        } else {
+          list.push_back(add_tensor(v.toTensor()));
+        }
+      }
+      meta_stack.push_back(std::move(list));
+    } else if (value.isNone() || value.isInt() || value.isDouble() || value.isBool() || value.isString() ||
+               value.isComplexDouble() || value.isIntList() || value.isDoubleList() || value.isBoolList() ||
+               value.isDevice() || value.isScalar() || value.isSymInt() || value.isSymFloat()) {
+      if (value.isSymInt() || value.isSymFloat()) supported = false;
+      q.value = value;
+      meta_stack.push_back(value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1
+                               ? c10::IValue(c10::Device(c10::kMeta))
+                               : value);
+      if (value.isDevice()) q.value = c10::IValue(c10::Device(c10::kCPU));
+    } else {
+      supported = false;
+    }
+  }
+  if (!supported) return false;
+  std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+  // Warnings of the Meta kernel are held back: the synchronous path's CPU
+  // kernel gives its own, and the asynchronous path replays these.
+  HeldWarnings warnings;
+  try {
+    const c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+  } catch (const std::exception&) {
+    return false;  // the CPU kernel raises its own error, at the call
+  }
+  // Mutated arguments: an out= argument the Meta kernel resized (new sizes,
+  // contiguous, as resize_ makes it) is resized here, on the host, as CUDA's
+  // kernels resize theirs (its storage grows on the stream). Any other
+  // change of geometry takes the synchronous path, where the CPU kernel
+  // decides: it keeps the strides of an out= of the right size, and lays
+  // some results out its own way (geqrf: column-major).
+  bool resized = false;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!writes(schema.arguments()[i]) || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
+    const at::Tensor& before = args[i].toTensor();
+    const at::Tensor& after = meta_args[i].toTensor();
+    if (after.sizes().equals(before.sizes()) && after.strides().equals(before.strides()) &&
+        after.storage_offset() == before.storage_offset() && after.is_conj() == before.is_conj() &&
+        after.is_neg() == before.is_neg()) {
+      continue;
+    }
+    const bool plain_resize = schema.arguments()[i].kwarg_only() && !after.sizes().equals(before.sizes()) &&
+        after.is_contiguous() && after.storage_offset() == before.storage_offset() &&
+        after.is_conj() == before.is_conj() && after.is_neg() == before.is_neg();
+    if (!plain_resize || mutant::is("fallback-out-cannot-grow")) return false;
+    const size_t needed = at::detail::computeStorageNbytes(
+        after.sizes(), after.strides(), after.dtype().itemsize(), after.storage_offset());
+    auto* storage = before.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+    before.unsafeGetTensorImpl()->set_sizes_and_strides(after.sizes(), after.strides(), after.storage_offset());
+    resized = true;
+  }
+  if (resized) {
+    // Storages may have moved: every reference is taken again.
+    for (size_t r = 0; r < refs.size(); ++r) refs[r] = TensorRef(ref_tensors[r]);
+  }
+
+  // The results: mutated arguments themselves, views of input storages, or
+  // fresh device tensors that the kernel fills.
+  const auto& returns = schema.returns();
+  torch::jit::Stack outputs;
+  std::vector<QueuedOutput> queued_outputs;
+  const c10::DispatchKeySet device_keys(c10::DispatchKey::PrivateUse1);
+  auto make_result = [&](const at::Tensor& m, size_t r, std::optional<size_t> element) -> std::optional<at::Tensor> {
+    if (!m.defined()) return m;
+    if (m.layout() != c10::kStrided) return std::nullopt;
+    auto aliased = ref_of_meta_storage.find(m.storage().unsafeGetStorageImpl());
+    if (aliased != ref_of_meta_storage.end() && !mutant::is("fallback-views-are-copies")) {
+      // The device storage of the aliased input.
+      const c10::Storage* storage = nullptr;
+      for (const auto& [impl, ref] : ref_of_tensor) {
+        if (ref == aliased->second) storage = &impl->storage();
+      }
+      queued_outputs.push_back({r, element, aliased->second, true});
+      return device_view(*storage, m, device_keys);
+    }
+    if (m.storage_offset() != 0 || m.is_conj() || m.is_neg() || !m.is_non_overlapping_and_dense()) {
+      return std::nullopt;
+    }
+    at::Tensor result = at::empty_strided(
+        m.sizes(), m.strides(), m.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+    const int ref = static_cast<int>(refs.size());
+    refs.emplace_back(result);
+    queued_outputs.push_back({r, element, ref, false});
+    return result;
+  };
+  for (size_t r = 0; r < returns.size(); ++r) {
+    const c10::Argument& ret = returns[r];
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      bool found = false;
+      for (size_t i = 0; i < num_args && !found; ++i) {
+        const auto& info = schema.arguments()[i].alias_info();
+        if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
+          outputs.push_back(args[i]);
+          found = true;
+        }
+      }
+      if (found) continue;
+    }
+    const c10::IValue& value = meta_stack[r];
+    if (value.isTensor()) {
+      auto result = make_result(value.toTensor(), r, std::nullopt);
+      if (!result) return false;
+      outputs.push_back(std::move(*result));
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      const auto meta_list = value.toTensorList();
+      for (size_t k = 0; k < meta_list.size(); ++k) {
+        auto result = make_result(meta_list.get(k), r, k);
+        if (!result) return false;
+        list.push_back(std::move(*result));
+      }
+      outputs.push_back(std::move(list));
+    } else if (value.isNone()) {
+      outputs.push_back(value);
+    } else {
+      return false;
+    }
+  }
+
+  // Worker side: aliases over the device memory, the CPU kernel, and its
+  // fresh results copied into the preallocated ones.
+  // Mutant ops-on-default-stream: computation too goes to the default stream.
+  const c10::Stream stream = mutant::is("ops-on-default-stream") ? default_stream(device) : current_stream(device);
+  launch_kernel(stream, [handle = op, refs = std::move(refs), queued = std::move(queued),
+                                         queued_outputs = std::move(queued_outputs)] {
+    const auto& schema = handle.schema();
+    AliasBuilder builder;
+    std::vector<at::Tensor> aliases(refs.size());
+    auto alias = [&](int ref) -> at::Tensor {
+      if (!aliases[ref].defined()) aliases[ref] = builder.alias(refs[ref]);
+      return aliases[ref];
+    };
+    auto element = [&](const QueuedArg& q, size_t k) -> at::Tensor {
+      return q.refs[k] >= 0 ? alias(q.refs[k]) : q.cpu[k];
+    };
+    torch::jit::Stack cpu_stack;
+    for (const QueuedArg& q : queued) {
+      switch (q.kind) {
+        case QueuedArg::Kind::kValue:
+          cpu_stack.push_back(q.value);
+          break;
+        case QueuedArg::Kind::kTensor:
+          cpu_stack.push_back(element(q, 0));
+          break;
+        case QueuedArg::Kind::kTensorList: {
+          c10::List<at::Tensor> list;
+          for (size_t k = 0; k < q.refs.size(); ++k) list.push_back(element(q, k));
+          cpu_stack.push_back(std::move(list));
+          break;
+        }
+        case QueuedArg::Kind::kOptionalTensorList: {
+          c10::List<std::optional<at::Tensor>> list;
+          for (size_t k = 0; k < q.refs.size(); ++k) {
+            if (q.none[k]) {
+              list.push_back(std::nullopt);
+            } else {
+              list.push_back(element(q, k));
+            }
+          }
+          cpu_stack.push_back(std::move(list));
+          break;
+        }
+      }
+    }
+    if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
+      for (auto& arg : cpu_stack) {
+        if (!arg.isTensor() || !arg.toTensor().defined() || arg.toTensor().is_contiguous()) continue;
+        const at::Tensor t = arg.toTensor();
+        arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
+      }
+    }
+    const std::vector<c10::IValue> cpu_args(cpu_stack.begin(), cpu_stack.end());
+    handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu_stack);
+    apply_operator_mutants(schema, cpu_args, cpu_stack);
+    for (const QueuedOutput& out : queued_outputs) {
+      const c10::IValue& value = cpu_stack[out.ret];
+      const at::Tensor produced = out.element ? value.toTensorList().get(*out.element) : value.toTensor();
+      const at::Tensor target = alias(out.ref);
+      if (out.view) {
+        // The Meta kernel said this result views an input: so must the CPU's.
+        TORCH_CHECK(produced.defined() &&
+                        produced.storage().unsafeGetStorageImpl() == target.storage().unsafeGetStorageImpl(),
+                    "OpenReg: the Meta kernel of ", schema.name(), " returns a view of an input, but its CPU "
+                    "kernel returns a new tensor");
+        continue;
+      }
+      target.copy_(produced);
+    }
+  }, /*wait=*/false);
+
+  torch::jit::drop(*stack, num_args);
+  for (auto& v : outputs) stack->push_back(std::move(v));
+  for (const c10::Warning& warning : warnings.held) c10::warn(warning);
+  return true;
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
@@ -285,6 +685,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               static_cast<int>(device), ": it has neither an OpenReg kernel nor "
               "a CPU kernel to fall back on");
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  if (try_launch_async(op, stack, device)) return;
 
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
@@ -420,6 +821,14 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+bool async_operators() {
+  return async_operators_on.load();
+}
+
+void set_async_operators(bool on) {
+  async_operators_on.store(on);
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());

@@ -2,6 +2,7 @@
 // loads libopenreg_torch, whose static registrations claim PrivateUse1 for the
 // guard, hooks, allocators and kernels.
 #include <Allocator.h>
+#include <DeviceKernel.h>
 #include <DeviceManagement.h>
 #include <Exception.h>
 #include <Generator.h>
@@ -179,6 +180,11 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<THPEvent*>(start.ptr())->event.elapsedTime(
         reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
+
+  // Asynchronous operators (off by default; OPENREG_ASYNC_OPERATORS=1 turns
+  // them on when the library loads): read and switch for the process.
+  m.def("_async_operators", &openreg::async_operators);
+  m.def("_set_async_operators", &openreg::set_async_operators, py::arg("on"));
 
   // Testing aid: a kernel that blocks `stream` until the gate is opened,
   // so that tests can observe work still in flight without guessing at
