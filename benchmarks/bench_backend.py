@@ -6,8 +6,9 @@ returned as a dict for run_all.py. Numbers, not assertions.
   * device management from Python: torch.openreg.current_device /
     set_device / exchange, torch.accelerator.* next to a no-op pybind11 call;
   * small-op latency: add_, x + y, sum on 1 Ki and 1 Mi float32 elements,
-    OpenReg (synchronous end to end) versus CPU, and the launch overhead of
-    an asynchronous call alone;
+    OpenReg (synchronous end to end) versus CPU, the same with asynchronous
+    operators on (end to end, and per call in a run of 100 queued calls),
+    and the launch overhead of an asynchronous call alone;
   * copies: host-to-device, device-to-host, device-to-device and pinned
     asynchronous copies at 4 KiB, 1 MiB and 256 MiB versus memcpy of the
     same bytes (torch's CPU copy);
@@ -84,6 +85,21 @@ def small_ops() -> list[dict]:
             rows.append({"name": f"{op} [{numel} elements]", "openreg_us": round(device / 1e3, 2),
                          "cpu_us": round(cpu / 1e3, 2), "ratio": round(device / cpu, 2),
                          "target_ratio": 2.0 if numel == 1 << 20 else None})
+            # The same with asynchronous operators on (OPENREG_ASYNC_OPERATORS=1):
+            # synchronous end to end, and per call in a run of calls with one
+            # synchronization at the end (the host queues, the worker drains).
+            _C._set_async_operators(True)
+            try:
+                per_call_ns(op, number, globs, repeat=1)  # the Meta kernels' answers are kept
+                sync_e2e = per_call_ns(f"{op}; torch.openreg.synchronize()", number, globs, repeat=9)
+                queued = per_call_ns(f"for _ in range(100): {op}\ntorch.openreg.synchronize()",
+                                     max(1, number // 100), globs, repeat=9) / 100
+            finally:
+                _C._set_async_operators(False)
+            rows.append({"name": f"{op} [{numel} elements], asynchronous operators",
+                         "openreg_us": round(sync_e2e / 1e3, 2), "queued_us": round(queued / 1e3, 2),
+                         "cpu_us": round(cpu / 1e3, 2), "ratio": round(sync_e2e / cpu, 2),
+                         "queued_ratio": round(queued / cpu, 2)})
     # Launch overhead alone: the call returns before the work runs (the
     # stream is gated, so nothing can have run yet).
     x = torch.ones(1 << 20, device="openreg")

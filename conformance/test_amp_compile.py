@@ -373,6 +373,10 @@ def test_compiled_stream_code_sees_the_streams_of_the_call(dt, n):
                   and fresh not in (caller, side),
                   f"with {label}, torch.Stream(device={dt!r}) in compiled code made {fresh!r}: expected a new "
                   f"stream of {dt}:{index}")
+            # The result was computed on the caller's stream: wait for it before
+            # reading it from another (on an asynchronous backend the copy to
+            # the host would otherwise race the computation, as on CUDA).
+            caller.synchronize()
             torch.testing.assert_close(got.cpu(), (torch.arange(16, dtype=torch.float32) * 2 + 1))
             torch.accelerator.synchronize(index)
         check("DI-STREAM-001.2", torch.accelerator.current_stream(0) == before,

@@ -195,3 +195,32 @@ def test_operators_wait_for_their_stream_in_the_default_mode():
         assert still_blocked(call), "a matrix product returned while its stream was held"
         gate.open()
         call.value(timeout=10)
+
+
+def test_meta_answers_are_reused_only_for_the_same_metadata():
+    """The Meta kernel's answers are kept per operator and arguments'
+    metadata: calls that differ in shape, strides, offset, dtype, aliasing or
+    scalar values get their own answer, repeated calls reuse it."""
+    base = torch.arange(64.0).reshape(8, 8)
+    cases = [
+        lambda t: t + 1,
+        lambda t: t.t() + 1,
+        lambda t: t[2:] * 2,
+        lambda t: t[:, 1:3].sum(dim=0),
+        lambda t: t.double() @ t.double().t(),
+        lambda t: torch.cat([t, t[:3]]),
+        lambda t: t.clone().add_(t.clone()),
+        lambda t: (lambda c: c.add_(c))(t.clone()),
+        lambda t: t.split(3),
+    ]
+    for _ in range(3):
+        for n in (8, 5):
+            cpu = base[:n, :n]
+            dev = cpu.to("openreg")
+            for k, case in enumerate(cases):
+                expected, got = case(cpu), case(dev)
+                if isinstance(expected, tuple):
+                    assert [g.shape for g in got] == [e.shape for e in expected], k
+                    expected, got = torch.cat(expected), torch.cat(got)
+                assert got.shape == expected.shape and got.stride() == expected.stride(), k
+                torch.testing.assert_close(got.cpu(), expected, msg=f"case {k}, n={n}")

@@ -32,6 +32,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
@@ -145,12 +148,6 @@ c10::IValue to_meta(const c10::IValue& value) {
   }
   return value;
 }
-
-// Collects warnings instead of giving them (c10::WarningUtils::WarningHandlerGuard).
-struct HeldWarnings : c10::WarningHandler {
-  void process(const c10::Warning& warning) override { held.push_back(warning); }
-  std::vector<c10::Warning> held;
-};
 
 // Grows out= arguments on the device so that the CPU kernel finds them big
 // enough (alias storages cannot grow). Returns whether any grew (false if
@@ -381,6 +378,122 @@ std::atomic<bool> async_operators_on{[] {
 // operator must take the synchronous path. The queued kernel owns no device
 // tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
 // freed on the worker without Python or the device allocator.
+// What the Meta kernel said about one result (or a mutated argument).
+struct Geometry {
+  caffe2::TypeMeta dtype;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  bool conj = false;
+  bool neg = false;
+  int view_of = -1;  // the ref whose storage it views, or -1 for a fresh tensor
+  bool defined = true;
+};
+
+struct ReturnPlan {
+  enum class Kind { kArgument, kTensor, kTensorList, kNone } kind = Kind::kNone;
+  size_t argument = 0;              // kArgument: which (mutated) argument is returned
+  std::vector<Geometry> tensors;    // kTensor: one; kTensorList: each element
+};
+
+// The Meta kernel's answer for one operator and its arguments' metadata:
+// synchronous (it failed, or asked for something the asynchronous path does
+// not do), or the plan of the results.
+struct MetaAnswer {
+  bool synchronous = false;
+  std::vector<ReturnPlan> returns;
+};
+
+// Meta kernels are mostly Python in PyTorch 2.13 and cost 10 us to 15 ms a
+// call; programs repeat their shapes. The answers are kept, keyed by the
+// operator and everything the Meta kernel can look at: each tensor's dtype,
+// geometry, storage size, which arguments share a storage or are one
+// tensor, CPU scalars' values, and the other arguments' values. Answers that
+// resized an out= argument are not kept (the resize and its warning happen
+// again each time).
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ULL;
+    return static_cast<size_t>(h);
+  }
+};
+
+class MetaCache {
+ public:
+  std::shared_ptr<const MetaAnswer> find(const std::vector<int64_t>& key) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = answers_.find(key);
+    return it == answers_.end() ? nullptr : it->second;
+  }
+  void insert(std::vector<int64_t> key, std::shared_ptr<const MetaAnswer> answer) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (answers_.size() >= kCapacity) answers_.clear();  // bounded; programs refill what they use
+    answers_.emplace(std::move(key), std::move(answer));
+  }
+
+ private:
+  static constexpr size_t kCapacity = 8192;
+  std::mutex mutex_;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const MetaAnswer>, KeyHash> answers_;
+};
+
+MetaCache& meta_cache() {
+  static MetaCache* cache = new MetaCache();  // never destroyed: kernels may run at exit
+  return *cache;
+}
+
+int64_t bits_of(double value) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+// Appends a non-tensor argument's value to the key; false for values the
+// asynchronous path does not take.
+bool key_value(const c10::IValue& value, std::vector<int64_t>& key) {
+  if (value.isNone()) {
+    key.push_back(3);
+  } else if (value.isBool()) {
+    key.insert(key.end(), {6, value.toBool()});
+  } else if (value.isInt()) {
+    key.insert(key.end(), {4, value.toInt()});
+  } else if (value.isDouble()) {
+    key.insert(key.end(), {5, bits_of(value.toDouble())});
+  } else if (value.isComplexDouble()) {
+    const auto c = value.toComplexDouble();
+    key.insert(key.end(), {12, bits_of(c.real()), bits_of(c.imag())});
+  } else if (value.isString()) {
+    key.insert(key.end(), {7, static_cast<int64_t>(std::hash<std::string>()(value.toStringRef()))});
+  } else if (value.isIntList()) {
+    const auto list = value.toIntList();
+    key.insert(key.end(), {8, static_cast<int64_t>(list.size())});
+    for (int64_t v : list) key.push_back(v);
+  } else if (value.isDoubleList()) {
+    const auto list = value.toDoubleList();
+    key.insert(key.end(), {9, static_cast<int64_t>(list.size())});
+    for (double v : list) key.push_back(bits_of(v));
+  } else if (value.isBoolList()) {
+    const auto list = value.toBoolList();
+    key.insert(key.end(), {10, static_cast<int64_t>(list.size())});
+    for (bool v : list) key.push_back(v);
+  } else if (value.isDevice()) {
+    key.insert(key.end(), {11, static_cast<int64_t>(value.toDevice().type()), value.toDevice().index()});
+  } else {
+    return false;
+  }
+  return true;
+}
+
+at::Tensor device_tensor_with(const c10::Storage& storage, const Geometry& g) {
+  auto view = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), g.dtype);
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.storage_offset);
+  view._set_conj(g.conj);
+  view._set_neg(g.neg);
+  return view;
+}
+
 bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
   const auto& schema = op.schema();
   if (!async_operators_on.load(std::memory_order_relaxed)) return false;
@@ -390,208 +503,280 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   const size_t num_args = schema.arguments().size();
   auto args = torch::jit::last(*stack, num_args);
 
-  // Meta counterparts of the device tensors: one meta storage per device
-  // storage (of its size), so that views, offsets and overlaps look to the
-  // Meta kernel as they are.
+  // The kernel's arguments (device tensors as TensorRefs) and the cache key.
   std::vector<TensorRef> refs;
   std::vector<at::Tensor> ref_tensors;  // host side only: the tensor of each ref
   std::unordered_map<const c10::TensorImpl*, int> ref_of_tensor;
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> meta_of_storage;
-  std::unordered_map<const c10::StorageImpl*, int> ref_of_meta_storage;
-  bool supported = true;
-  auto meta_of = [&](const at::Tensor& t) -> at::Tensor {
-    auto* device_storage = t.storage().unsafeGetStorageImpl();
-    auto found = meta_of_storage.find(device_storage);
-    if (found == meta_of_storage.end()) {
-      c10::Storage meta(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                        c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
-                        /*resizable=*/true);
-      found = meta_of_storage.emplace(device_storage, std::move(meta)).first;
-    }
-    auto known = ref_of_tensor.find(t.unsafeGetTensorImpl());
-    int ref = -1;
-    if (known == ref_of_tensor.end()) {
-      ref = static_cast<int>(refs.size());
-      refs.emplace_back(t);
-      ref_tensors.push_back(t);
-      ref_of_tensor.emplace(t.unsafeGetTensorImpl(), ref);
-    } else {
-      ref = known->second;
-    }
-    ref_of_meta_storage.emplace(found->second.unsafeGetStorageImpl(), ref);
-    at::Tensor m = at::empty({0}, t.options().device(c10::kMeta));
-    m.unsafeGetTensorImpl()->set_storage_keep_dtype(found->second);
-    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    m._set_conj(t.is_conj());
-    m._set_neg(t.is_neg());
-    return m;
-  };
-
+  std::unordered_map<const c10::StorageImpl*, int> group_of_storage;  // device storage -> its first ref
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&schema),
+                           static_cast<int64_t>(c10::hash<c10::OperatorName>()(schema.operator_name()))};
   std::vector<QueuedArg> queued(num_args);
-  torch::jit::Stack meta_stack;
+  bool supported = true;
   for (size_t i = 0; i < num_args && supported; ++i) {
     const c10::IValue& value = args[i];
     QueuedArg& q = queued[i];
-    auto add_tensor = [&](const at::Tensor& t) -> at::Tensor {
+    auto add_tensor = [&](const at::Tensor& t) {
       if (!t.defined()) {
         q.refs.push_back(-1);
         q.cpu.emplace_back();
-        return t;
+        key.push_back(0);
+        return;
       }
       if (on_openreg(t)) {
-        at::Tensor m = meta_of(t);
-        q.refs.push_back(ref_of_tensor.at(t.unsafeGetTensorImpl()));
+        auto known = ref_of_tensor.find(t.unsafeGetTensorImpl());
+        int ref = -1;
+        if (known == ref_of_tensor.end()) {
+          ref = static_cast<int>(refs.size());
+          refs.emplace_back(t);
+          ref_tensors.push_back(t);
+          ref_of_tensor.emplace(t.unsafeGetTensorImpl(), ref);
+        } else {
+          ref = known->second;
+        }
+        const int group = group_of_storage.emplace(t.storage().unsafeGetStorageImpl(), ref).first->second;
+        q.refs.push_back(ref);
         q.cpu.emplace_back();
-        return m;
+        key.insert(key.end(), {1, ref, group, static_cast<int64_t>(t.storage().nbytes()),
+                               static_cast<int64_t>(t.scalar_type()), t.dim(), t.storage_offset(),
+                               t.is_conj(), t.is_neg()});
+        key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+        key.insert(key.end(), t.strides().begin(), t.strides().end());
+        return;
       }
       // A CPU scalar next to device tensors: copied now, since the caller may
-      // change it before the kernel runs.
-      if (!t.is_cpu() || t.dim() > 0) supported = false;
+      // change it before the kernel runs; its value is part of the key.
+      if (!t.is_cpu() || t.dim() > 0 || t.layout() != c10::kStrided) {
+        supported = false;
+        return;
+      }
       q.refs.push_back(-1);
       q.cpu.push_back(t.clone());
-      return t;
+      int64_t raw[2] = {0, 0};
+      std::memcpy(raw, q.cpu.back().const_data_ptr(), std::min<size_t>(sizeof raw, t.element_size()));
+      key.insert(key.end(), {2, static_cast<int64_t>(t.scalar_type()), raw[0], raw[1],
+                             t.unsafeGetTensorImpl()->is_wrapped_number()});
     };
     if (value.isTensor()) {
       q.kind = QueuedArg::Kind::kTensor;
-      meta_stack.push_back(add_tensor(value.toTensor()));
+      add_tensor(value.toTensor());
     } else if (value.isTensorList()) {
       q.kind = QueuedArg::Kind::kTensorList;
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) list.push_back(add_tensor(t));
-      meta_stack.push_back(std::move(list));
+      key.insert(key.end(), {13, static_cast<int64_t>(value.toTensorList().size())});
+      for (const at::Tensor& t : value.toTensorList()) add_tensor(t);
     } else if (value.isList() && schema.arguments()[i].type()->kind() == c10::TypeKind::ListType &&
                schema.arguments()[i].type()->castRaw<c10::ListType>()->getElementType()->kind() ==
                    c10::TypeKind::OptionalType) {
       // Tensor?[] (index): a list of optional tensors.
       q.kind = QueuedArg::Kind::kOptionalTensorList;
-      c10::List<std::optional<at::Tensor>> list;
+      key.insert(key.end(), {14, static_cast<int64_t>(value.toListRef().size())});
       for (const c10::IValue& v : value.toListRef()) {
         q.none.push_back(v.isNone());
         if (v.isNone()) {
           q.refs.push_back(-1);
           q.cpu.emplace_back();
-          list.push_back(std::nullopt);
+          key.push_back(3);
         } else {
-          list.push_back(add_tensor(v.toTensor()));
+          add_tensor(v.toTensor());
         }
       }
-      meta_stack.push_back(std::move(list));
-    } else if (value.isNone() || value.isInt() || value.isDouble() || value.isBool() || value.isString() ||
-               value.isComplexDouble() || value.isIntList() || value.isDoubleList() || value.isBoolList() ||
-               value.isDevice() || value.isScalar() || value.isSymInt() || value.isSymFloat()) {
-      if (value.isSymInt() || value.isSymFloat()) supported = false;
+    } else if (key_value(value, key)) {
       q.value = value;
-      meta_stack.push_back(value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1
-                               ? c10::IValue(c10::Device(c10::kMeta))
-                               : value);
       if (value.isDevice()) q.value = c10::IValue(c10::Device(c10::kCPU));
     } else {
       supported = false;
     }
   }
   if (!supported) return false;
-  std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
-  // Warnings of the Meta kernel are held back: the synchronous path's CPU
-  // kernel gives its own, and the asynchronous path replays these.
-  HeldWarnings warnings;
-  try {
-    const c10::WarningUtils::WarningHandlerGuard guard(&warnings);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-  } catch (const std::exception&) {
-    return false;  // the CPU kernel raises its own error, at the call
-  }
-  // Mutated arguments: an out= argument the Meta kernel resized (new sizes,
-  // contiguous, as resize_ makes it) is resized here, on the host, as CUDA's
-  // kernels resize theirs (its storage grows on the stream). Any other
-  // change of geometry takes the synchronous path, where the CPU kernel
-  // decides: it keeps the strides of an out= of the right size, and lays
-  // some results out its own way (geqrf: column-major).
-  bool resized = false;
-  for (size_t i = 0; i < num_args; ++i) {
-    if (!writes(schema.arguments()[i]) || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
-    const at::Tensor& before = args[i].toTensor();
-    const at::Tensor& after = meta_args[i].toTensor();
-    if (after.sizes().equals(before.sizes()) && after.strides().equals(before.strides()) &&
-        after.storage_offset() == before.storage_offset() && after.is_conj() == before.is_conj() &&
-        after.is_neg() == before.is_neg()) {
-      continue;
-    }
-    const bool plain_resize = schema.arguments()[i].kwarg_only() && !after.sizes().equals(before.sizes()) &&
-        after.is_contiguous() && after.storage_offset() == before.storage_offset() &&
-        after.is_conj() == before.is_conj() && after.is_neg() == before.is_neg();
-    if (!plain_resize || mutant::is("fallback-out-cannot-grow")) return false;
-    const size_t needed = at::detail::computeStorageNbytes(
-        after.sizes(), after.strides(), after.dtype().itemsize(), after.storage_offset());
-    auto* storage = before.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
-    before.unsafeGetTensorImpl()->set_sizes_and_strides(after.sizes(), after.strides(), after.storage_offset());
-    resized = true;
-  }
-  if (resized) {
-    // Storages may have moved: every reference is taken again.
-    for (size_t r = 0; r < refs.size(); ++r) refs[r] = TensorRef(ref_tensors[r]);
-  }
 
-  // The results: mutated arguments themselves, views of input storages, or
-  // fresh device tensors that the kernel fills.
-  const auto& returns = schema.returns();
+  std::shared_ptr<const MetaAnswer> answer = meta_cache().find(key);
+  if (!answer) {
+    // Ask the Meta kernel, on meta counterparts of the device tensors: one
+    // meta storage per device storage (of its size), so that views, offsets
+    // and overlaps look to it as they are.
+    std::unordered_map<const c10::StorageImpl*, c10::Storage> meta_of_storage;
+    std::unordered_map<const c10::StorageImpl*, int> ref_of_meta_storage;
+    auto meta_of = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined() || !on_openreg(t)) return t;
+      auto* device_storage = t.storage().unsafeGetStorageImpl();
+      auto found = meta_of_storage.find(device_storage);
+      if (found == meta_of_storage.end()) {
+        c10::Storage meta(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                          c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
+                          /*resizable=*/true);
+        found = meta_of_storage.emplace(device_storage, std::move(meta)).first;
+        ref_of_meta_storage.emplace(found->second.unsafeGetStorageImpl(), group_of_storage.at(device_storage));
+      }
+      at::Tensor m = at::empty({0}, t.options().device(c10::kMeta));
+      m.unsafeGetTensorImpl()->set_storage_keep_dtype(found->second);
+      m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      m._set_conj(t.is_conj());
+      m._set_neg(t.is_neg());
+      return m;
+    };
+    torch::jit::Stack meta_stack;
+    for (size_t i = 0; i < num_args; ++i) {
+      const c10::IValue& value = args[i];
+      if (value.isTensor()) {
+        meta_stack.push_back(meta_of(value.toTensor()));
+      } else if (value.isTensorList()) {
+        c10::List<at::Tensor> list;
+        for (const at::Tensor& t : value.toTensorList()) list.push_back(meta_of(t));
+        meta_stack.push_back(std::move(list));
+      } else if (queued[i].kind == QueuedArg::Kind::kOptionalTensorList) {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const c10::IValue& v : value.toListRef()) {
+          if (v.isNone()) {
+            list.push_back(std::nullopt);
+          } else {
+            list.push_back(meta_of(v.toTensor()));
+          }
+        }
+        meta_stack.push_back(std::move(list));
+      } else if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        meta_stack.push_back(c10::Device(c10::kMeta));
+      } else {
+        meta_stack.push_back(value);
+      }
+    }
+    std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
+    auto computed = std::make_shared<MetaAnswer>();
+    bool keep = true;
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+    } catch (const std::exception&) {
+      computed->synchronous = true;  // the CPU kernel raises its own error, at the call
+    }
+    // Mutated arguments: an out= argument the Meta kernel resized (new
+    // sizes, contiguous, as resize_ makes it) is resized here, on the host,
+    // as CUDA's kernels resize theirs (its storage grows on the stream). Any
+    // other change of geometry takes the synchronous path, where the CPU
+    // kernel decides: it keeps the strides of an out= of the right size, and
+    // lays some results out its own way (geqrf: column-major).
+    bool resized = false;
+    for (size_t i = 0; i < num_args && !computed->synchronous; ++i) {
+      if (!writes(schema.arguments()[i]) || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
+      const at::Tensor& before = args[i].toTensor();
+      const at::Tensor& after = meta_args[i].toTensor();
+      if (after.sizes().equals(before.sizes()) && after.strides().equals(before.strides()) &&
+          after.storage_offset() == before.storage_offset() && after.is_conj() == before.is_conj() &&
+          after.is_neg() == before.is_neg()) {
+        continue;
+      }
+      const bool plain_resize = schema.arguments()[i].kwarg_only() && !after.sizes().equals(before.sizes()) &&
+          after.is_contiguous() && after.storage_offset() == before.storage_offset() &&
+          after.is_conj() == before.is_conj() && after.is_neg() == before.is_neg();
+      if (!plain_resize || mutant::is("fallback-out-cannot-grow")) {
+        computed->synchronous = true;
+        keep = !resized;  // a resize done already is not undone; the next call asks again
+        break;
+      }
+      const size_t needed = at::detail::computeStorageNbytes(
+          after.sizes(), after.strides(), after.dtype().itemsize(), after.storage_offset());
+      auto* storage = before.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+      if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
+      before.unsafeGetTensorImpl()->set_sizes_and_strides(after.sizes(), after.strides(), after.storage_offset());
+      resized = true;
+      keep = false;
+    }
+    if (resized) {
+      // Storages may have moved: every reference is taken again.
+      for (size_t r = 0; r < refs.size(); ++r) refs[r] = TensorRef(ref_tensors[r]);
+    }
+    // The results: mutated arguments themselves, views of input storages, or
+    // fresh tensors.
+    auto geometry_of = [&](const at::Tensor& m, Geometry& g) -> bool {
+      if (!m.defined()) {
+        g.defined = false;
+        return true;
+      }
+      if (m.layout() != c10::kStrided) return false;
+      g.dtype = m.dtype();
+      g.sizes = m.sizes().vec();
+      g.strides = m.strides().vec();
+      g.storage_offset = m.storage_offset();
+      g.conj = m.is_conj();
+      g.neg = m.is_neg();
+      auto aliased = ref_of_meta_storage.find(m.storage().unsafeGetStorageImpl());
+      if (aliased != ref_of_meta_storage.end() && !mutant::is("fallback-views-are-copies")) {
+        g.view_of = aliased->second;
+        return true;
+      }
+      return m.storage_offset() == 0 && !m.is_conj() && !m.is_neg() && m.is_non_overlapping_and_dense();
+    };
+    const auto& returns = schema.returns();
+    for (size_t r = 0; r < returns.size() && !computed->synchronous; ++r) {
+      ReturnPlan plan;
+      const c10::Argument& ret = returns[r];
+      bool found = false;
+      if (ret.alias_info() && ret.alias_info()->isWrite()) {
+        for (size_t i = 0; i < num_args && !found; ++i) {
+          const auto& info = schema.arguments()[i].alias_info();
+          if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
+            plan.kind = ReturnPlan::Kind::kArgument;
+            plan.argument = i;
+            found = true;
+          }
+        }
+      }
+      if (!found) {
+        const c10::IValue& value = meta_stack[r];
+        if (value.isTensor()) {
+          plan.kind = ReturnPlan::Kind::kTensor;
+          plan.tensors.emplace_back();
+          computed->synchronous = !geometry_of(value.toTensor(), plan.tensors.back());
+        } else if (value.isTensorList()) {
+          plan.kind = ReturnPlan::Kind::kTensorList;
+          for (const at::Tensor& m : value.toTensorList()) {
+            plan.tensors.emplace_back();
+            if (!geometry_of(m, plan.tensors.back())) computed->synchronous = true;
+          }
+        } else if (value.isNone()) {
+          plan.kind = ReturnPlan::Kind::kNone;
+        } else {
+          computed->synchronous = true;
+        }
+      }
+      computed->returns.push_back(std::move(plan));
+    }
+    if (keep) meta_cache().insert(key, computed);
+    answer = std::move(computed);
+  }
+  if (answer->synchronous) return false;
+
+  // The results, as the answer says.
   torch::jit::Stack outputs;
   std::vector<QueuedOutput> queued_outputs;
-  const c10::DispatchKeySet device_keys(c10::DispatchKey::PrivateUse1);
-  auto make_result = [&](const at::Tensor& m, size_t r, std::optional<size_t> element) -> std::optional<at::Tensor> {
-    if (!m.defined()) return m;
-    if (m.layout() != c10::kStrided) return std::nullopt;
-    auto aliased = ref_of_meta_storage.find(m.storage().unsafeGetStorageImpl());
-    if (aliased != ref_of_meta_storage.end() && !mutant::is("fallback-views-are-copies")) {
-      // The device storage of the aliased input.
-      const c10::Storage* storage = nullptr;
-      for (const auto& [impl, ref] : ref_of_tensor) {
-        if (ref == aliased->second) storage = &impl->storage();
-      }
-      queued_outputs.push_back({r, element, aliased->second, true});
-      return device_view(*storage, m, device_keys);
+  const auto options = c10::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, device));
+  auto make_result = [&](const Geometry& g, size_t r, std::optional<size_t> element) -> at::Tensor {
+    if (!g.defined) return at::Tensor();
+    if (g.view_of >= 0) {
+      queued_outputs.push_back({r, element, g.view_of, true});
+      return device_tensor_with(ref_tensors[g.view_of].storage(), g);
     }
-    if (m.storage_offset() != 0 || m.is_conj() || m.is_neg() || !m.is_non_overlapping_and_dense()) {
-      return std::nullopt;
-    }
-    at::Tensor result = at::empty_strided(
-        m.sizes(), m.strides(), m.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+    at::Tensor result = at::empty_strided(g.sizes, g.strides, options.dtype(g.dtype));
     const int ref = static_cast<int>(refs.size());
     refs.emplace_back(result);
     queued_outputs.push_back({r, element, ref, false});
     return result;
   };
-  for (size_t r = 0; r < returns.size(); ++r) {
-    const c10::Argument& ret = returns[r];
-    if (ret.alias_info() && ret.alias_info()->isWrite()) {
-      bool found = false;
-      for (size_t i = 0; i < num_args && !found; ++i) {
-        const auto& info = schema.arguments()[i].alias_info();
-        if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
-          outputs.push_back(args[i]);
-          found = true;
-        }
+  for (size_t r = 0; r < answer->returns.size(); ++r) {
+    const ReturnPlan& plan = answer->returns[r];
+    switch (plan.kind) {
+      case ReturnPlan::Kind::kArgument:
+        outputs.push_back(args[plan.argument]);
+        break;
+      case ReturnPlan::Kind::kTensor:
+        outputs.push_back(make_result(plan.tensors[0], r, std::nullopt));
+        break;
+      case ReturnPlan::Kind::kTensorList: {
+        c10::List<at::Tensor> list;
+        for (size_t k = 0; k < plan.tensors.size(); ++k) list.push_back(make_result(plan.tensors[k], r, k));
+        outputs.push_back(std::move(list));
+        break;
       }
-      if (found) continue;
-    }
-    const c10::IValue& value = meta_stack[r];
-    if (value.isTensor()) {
-      auto result = make_result(value.toTensor(), r, std::nullopt);
-      if (!result) return false;
-      outputs.push_back(std::move(*result));
-    } else if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      const auto meta_list = value.toTensorList();
-      for (size_t k = 0; k < meta_list.size(); ++k) {
-        auto result = make_result(meta_list.get(k), r, k);
-        if (!result) return false;
-        list.push_back(std::move(*result));
-      }
-      outputs.push_back(std::move(list));
-    } else if (value.isNone()) {
-      outputs.push_back(value);
-    } else {
-      return false;
+      case ReturnPlan::Kind::kNone:
+        outputs.push_back(c10::IValue());
+        break;
     }
   }
 
@@ -668,7 +853,6 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
 
   torch::jit::drop(*stack, num_args);
   for (auto& v : outputs) stack->push_back(std::move(v));
-  for (const c10::Warning& warning : warnings.held) c10::warn(warning);
   return true;
 }
 
