@@ -26,7 +26,7 @@ from privateuse1_conformance.conformance import _cxx
 
 # Environment variables that configure the backend: removed from the
 # environment of every subprocess unless the test sets them explicitly.
-_CONFIG_VARS = ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY")
+_CONFIG_VARS = ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY", "OPENREG_ASYNC_OPERATORS")
 
 # Prepended to every subprocess script.
 _PRELUDE = """\

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import openreg
-from _support import Background, Gate, still_blocked
+from _support import Background, Gate, run_python, still_blocked
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -224,3 +224,16 @@ def test_meta_answers_are_reused_only_for_the_same_metadata():
                     expected, got = torch.cat(expected), torch.cat(got)
                 assert got.shape == expected.shape and got.stride() == expected.stride(), k
                 torch.testing.assert_close(got.cpu(), expected, msg=f"case {k}, n={n}")
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False)])
+def test_the_environment_variable_sets_the_mode_at_load(value, on):
+    rc, out, err = run_python("print(openreg._C._async_operators())", env={"OPENREG_ASYNC_OPERATORS": value})
+    assert rc == 0, err
+    assert out.strip().splitlines()[-1] == str(on)
+
+
+def test_a_bad_value_of_the_environment_variable_is_an_error_naming_it():
+    rc, out, err = run_python("pass", env={"OPENREG_ASYNC_OPERATORS": "yes"})
+    assert rc != 0
+    assert "ValueError: OPENREG_ASYNC_OPERATORS='yes': expected 0" in err
