@@ -69,8 +69,9 @@ class AliasBuilder {
 // Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
 // operators whose results' geometry their Meta kernel tells, instead of
 // waiting for them. Off unless the environment variable
-// OPENREG_ASYNC_OPERATORS is 1 when the library loads (every call then pays
-// PyTorch's Meta kernel, mostly Python; docs/reference-backend/streams-and-events.md).
+// OPENREG_ASYNC_OPERATORS is 1 when the library loads (each new operator and
+// argument metadata pays PyTorch's Meta kernel, mostly Python; answers are
+// kept: docs/reference-backend/streams-and-events.md).
 bool async_operators();
 void set_async_operators(bool on);
 
