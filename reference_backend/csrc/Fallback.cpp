@@ -258,6 +258,29 @@ at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
   return result;
 }
 
+// Mutant opinfo-sub-ignores-strides: sub reads its inputs as if they were
+// contiguous (their storage, in order). Applied to the CPU kernel's arguments.
+void apply_input_mutants(const c10::FunctionSchema& schema, std::vector<c10::IValue>& cpu_args) {
+  if (!(mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub")) return;
+  for (auto& arg : cpu_args) {
+    if (!arg.isTensor() || !arg.toTensor().defined() || arg.toTensor().is_contiguous()) continue;
+    const at::Tensor t = arg.toTensor();
+    arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
+  }
+}
+
+// The argument that return `r` is (an in-place or out= result: the caller's
+// own tensor is returned), or nullopt for a return of its own.
+std::optional<size_t> returned_argument(const c10::FunctionSchema& schema, size_t r) {
+  const auto& ret = schema.returns()[r].alias_info();
+  if (!ret || !ret->isWrite()) return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite() && info->beforeSets() == ret->beforeSets()) return i;
+  }
+  return std::nullopt;
+}
+
 // Mutants that break single operators (the operators area must catch
 // each): a wrong result for one dtype, a backward that drops a term, an
 // in-place variant that writes a wrong result.
@@ -297,8 +320,9 @@ void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector
 // depends on the data (nonzero, masked_select, unique: Meta cannot tell),
 // results that are not tensors (item, equal), random operators (their
 // generator's state is read and advanced on the host's side of the call),
-// out= arguments that must be resized, and CPU tensors of more than 0
-// dimensions. Structured operators (add, mm, ...) reach the fallback as
+// written arguments whose geometry Meta changes other than by a plain resize
+// of an out= argument (that one is resized on the host), and CPU tensors of
+// more than 0 dimensions. Structured operators (add, mm, ...) reach the fallback as
 // their out= variant, with the result already allocated at its size.
 //
 // An error the CPU kernel raises on the worker (an index out of range, a
@@ -374,10 +398,6 @@ std::atomic<bool> async_operators_on{[] {
   return value != nullptr && std::string(value) == "1";
 }()};
 
-// Host side of the asynchronous path: returns false (nothing done) when the
-// operator must take the synchronous path. The queued kernel owns no device
-// tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
-// freed on the worker without Python or the device allocator.
 // What the Meta kernel said about one result (or a mutated argument).
 struct Geometry {
   caffe2::TypeMeta dtype;
@@ -494,6 +514,10 @@ at::Tensor device_tensor_with(const c10::Storage& storage, const Geometry& g) {
   return view;
 }
 
+// Host side of the asynchronous path: returns false (nothing done) when the
+// operator must take the synchronous path. The queued kernel owns no device
+// tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
+// freed on the worker without Python or the device allocator.
 bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
   const auto& schema = op.schema();
   if (!async_operators_on.load(std::memory_order_relaxed)) return false;
@@ -706,19 +730,10 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     const auto& returns = schema.returns();
     for (size_t r = 0; r < returns.size() && !computed->synchronous; ++r) {
       ReturnPlan plan;
-      const c10::Argument& ret = returns[r];
-      bool found = false;
-      if (ret.alias_info() && ret.alias_info()->isWrite()) {
-        for (size_t i = 0; i < num_args && !found; ++i) {
-          const auto& info = schema.arguments()[i].alias_info();
-          if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
-            plan.kind = ReturnPlan::Kind::kArgument;
-            plan.argument = i;
-            found = true;
-          }
-        }
-      }
-      if (!found) {
+      if (const auto argument = returned_argument(schema, r)) {
+        plan.kind = ReturnPlan::Kind::kArgument;
+        plan.argument = *argument;
+      } else {
         const c10::IValue& value = meta_stack[r];
         if (value.isTensor()) {
           plan.kind = ReturnPlan::Kind::kTensor;
@@ -825,14 +840,9 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
         }
       }
     }
-    if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
-      for (auto& arg : cpu_stack) {
-        if (!arg.isTensor() || !arg.toTensor().defined() || arg.toTensor().is_contiguous()) continue;
-        const at::Tensor t = arg.toTensor();
-        arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
-      }
-    }
-    const std::vector<c10::IValue> cpu_args(cpu_stack.begin(), cpu_stack.end());
+    std::vector<c10::IValue> cpu_args(cpu_stack.begin(), cpu_stack.end());
+    apply_input_mutants(schema, cpu_args);
+    cpu_stack = cpu_args;
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu_stack);
     apply_operator_mutants(schema, cpu_args, cpu_stack);
     for (const QueuedOutput& out : queued_outputs) {
@@ -888,14 +898,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (mutant::is("fallback-cpu-out-written-to-copy") && writes(schema.arguments()[i]) &&
             args[i].isTensor() && args[i].toTensor().is_cpu()) cpu_args.back() = args[i].toTensor().clone();
       }
-      if (mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub") {
-        // Reads the input as if it were contiguous (its storage, in order).
-        for (auto& arg : cpu_args) {
-          if (!arg.isTensor() || arg.toTensor().is_contiguous() || !arg.toTensor().defined()) continue;
-          const at::Tensor t = arg.toTensor();
-          arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
-        }
-      }
+      apply_input_mutants(schema, cpu_args);
       results = cpu_args;
       try {
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
@@ -974,21 +977,11 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   torch::jit::Stack outputs;
-  const auto& returns = schema.returns();
-  for (size_t r = 0; r < returns.size(); ++r) {
-    const c10::Argument& ret = returns[r];
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
     c10::IValue& value = results[r];
-    if (ret.alias_info() && ret.alias_info()->isWrite()) {
-      // Return the mutated argument itself (same TensorImpl as the caller's).
-      bool found = false;
-      for (size_t i = 0; i < num_args && !found; ++i) {
-        const auto& info = schema.arguments()[i].alias_info();
-        if (info && info->isWrite() && info->beforeSets() == ret.alias_info()->beforeSets()) {
-          outputs.push_back(args[i]);
-          found = true;
-        }
-      }
-      if (found) continue;
+    if (const auto argument = returned_argument(schema, r)) {
+      outputs.push_back(args[*argument]);  // the same TensorImpl as the caller's
+      continue;
     }
     if (value.isTensor()) {
       outputs.push_back(to_device(value.toTensor(), builder, device, schema));
