@@ -80,26 +80,29 @@ def small_ops() -> list[dict]:
         number = 2000 if numel == 1024 else 100
         globs = {"torch": torch, "x": x, "y": y, "xc": xc, "yc": yc}
         for op in ("x.add_(1)", "x + y", "x.sum()"):
-            device = per_call_ns(f"{op}; torch.openreg.synchronize()", number, globs, repeat=9)
             cpu = per_call_ns(op.replace("x", "xc").replace("y", "yc"), number, globs, repeat=9)
-            rows.append({"name": f"{op} [{numel} elements]", "openreg_us": round(device / 1e3, 2),
-                         "cpu_us": round(cpu / 1e3, 2), "ratio": round(device / cpu, 2),
-                         "target_ratio": 2.0 if numel == 1 << 20 else None})
-            # The same with asynchronous operators on (OPENREG_ASYNC_OPERATORS=1):
-            # synchronous end to end, and per call in a run of calls with one
+            # The default (asynchronous operators): end to end (one call and
+            # a synchronization), and per call in a run of calls with one
             # synchronization at the end (the host queues, the worker drains).
+            before = _C._async_operators()
             _C._set_async_operators(True)
             try:
                 per_call_ns(op, number, globs, repeat=1)  # the Meta kernels' answers are kept
-                sync_e2e = per_call_ns(f"{op}; torch.openreg.synchronize()", number, globs, repeat=9)
+                device = per_call_ns(f"{op}; torch.openreg.synchronize()", number, globs, repeat=9)
                 queued = per_call_ns(f"for _ in range(100): {op}\ntorch.openreg.synchronize()",
                                      max(1, number // 100), globs, repeat=9) / 100
-            finally:
+                # OPENREG_ASYNC_OPERATORS=0: every call waits for its stream.
                 _C._set_async_operators(False)
-            rows.append({"name": f"{op} [{numel} elements], asynchronous operators",
-                         "openreg_us": round(sync_e2e / 1e3, 2), "queued_us": round(queued / 1e3, 2),
-                         "cpu_us": round(cpu / 1e3, 2), "ratio": round(sync_e2e / cpu, 2),
-                         "queued_ratio": round(queued / cpu, 2)})
+                waiting = per_call_ns(f"{op}; torch.openreg.synchronize()", number, globs, repeat=9)
+            finally:
+                _C._set_async_operators(before)
+            rows.append({"name": f"{op} [{numel} elements]", "openreg_us": round(device / 1e3, 2),
+                         "queued_us": round(queued / 1e3, 2), "cpu_us": round(cpu / 1e3, 2),
+                         "ratio": round(device / cpu, 2), "queued_ratio": round(queued / cpu, 2),
+                         "target_ratio": 2.0 if numel == 1 << 20 else None})
+            rows.append({"name": f"{op} [{numel} elements], OPENREG_ASYNC_OPERATORS=0",
+                         "openreg_us": round(waiting / 1e3, 2), "cpu_us": round(cpu / 1e3, 2),
+                         "ratio": round(waiting / cpu, 2)})
     # Launch overhead alone: the call returns before the work runs (the
     # stream is gated, so nothing can have run yet).
     x = torch.ones(1 << 20, device="openreg")

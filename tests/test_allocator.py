@@ -133,6 +133,10 @@ def test_record_stream_defers_reuse_until_the_users_work_is_done(quiet, user_dev
         x = torch.ones(REUSE // 4, device="openreg:0")
     ptr = x.data_ptr()
     out = torch.zeros(REUSE // 4, device=f"openreg:{user_device}")
+    # x and out were filled on other streams than the user's: their values
+    # are there once those streams ran (operators are asynchronous).
+    torch.openreg.synchronize(0)
+    torch.openreg.synchronize(user_device)
 
     def read_x_on_user():
         with torch.openreg.stream(user):

@@ -1,5 +1,7 @@
-"""Asynchronous operators (OPENREG_ASYNC_OPERATORS=1, switched on here for
-each test): operators return with their results allocated and their kernel
+"""Asynchronous operators (the default; switched on here for each test, in
+case the environment turned them off): the first call of an operator with
+new arguments' metadata runs synchronously (the CPU kernel's checks raise
+at the call), later ones return with their results allocated and their kernel
 queued on the current stream, as on a real accelerator; only operators whose
 results' size depends on the data (or that return host values, or draw
 random numbers) wait (docs/reference-backend/streams-and-events.md).
@@ -66,11 +68,20 @@ ASYNC = {
 }
 
 
+def warm(fn, *args):
+    """One unheld call: the first call with new arguments' metadata runs
+    synchronously, so that the CPU kernel's host-side checks raise at the
+    call; later calls with that metadata queue."""
+    fn(*args)
+    torch.openreg.synchronize()
+
+
 @pytest.mark.parametrize("case", list(ASYNC))
 def test_operators_return_while_their_stream_is_held(case):
     cpu, dev = inputs()
     expected = ASYNC[case](cpu)
     s = Stream()
+    warm(ASYNC[case], inputs()[1])
     with Gate(s) as gate:
         result = on(s, lambda: ASYNC[case](dev)).value(timeout=10)  # returns: nothing waited for the gate
         assert result.shape == expected.shape and result.dtype == expected.dtype
@@ -83,12 +94,14 @@ def test_operators_return_while_their_stream_is_held(case):
 def test_a_chain_of_matmuls_leaves_query_false_until_it_completes():
     cpu, dev = inputs()
     s = Stream()
+
+    def chain():
+        x = dev["a"]
+        for _ in range(10):
+            x = torch.tanh(x @ dev["b"])
+        return x
+    warm(chain)
     with Gate(s) as gate:
-        def chain():
-            x = dev["a"]
-            for _ in range(10):
-                x = torch.tanh(x @ dev["b"])
-            return x
         result = on(s, chain).value(timeout=10)
         assert not s.query()
         gate.open()
@@ -127,6 +140,8 @@ def _produce_and_consume(wait: bool) -> torch.Tensor:
     still be running while the producer is held; one that does not must
     finish while it is held (bounded by a generous timeout, not a speed)."""
     y = torch.ones(1024, device="openreg")
+    warm(lambda: (y.mul_(2), y * 10))
+    y.fill_(1)
     torch.openreg.synchronize()
     producer, consumer = Stream(), Stream()
     with Gate(producer) as gate:
@@ -159,7 +174,7 @@ def test_a_missing_wait_stream_is_visible():
 def test_an_error_of_a_queued_kernel_is_raised_at_the_next_synchronization():
     _, dev = inputs()
     bad = torch.tensor([0, 1000], device="openreg")
-    torch.openreg.synchronize()
+    warm(lambda: dev["a"].index_select(0, torch.tensor([0, 1], device="openreg")))  # the same metadata
     s = Stream()
     with torch.openreg.stream(s):
         dev["a"].index_select(0, bad)  # the index is checked by the kernel, on the device
@@ -167,6 +182,35 @@ def test_an_error_of_a_queued_kernel_is_raised_at_the_next_synchronization():
             s.synchronize()
         # The error is reported once; the stream goes on working.
         assert torch.equal((dev["a"] + 0).cpu(), dev["a"].cpu())
+
+
+def test_the_first_call_with_new_metadata_waits_and_later_ones_queue():
+    _, dev = inputs()
+    x = torch.ones(37, 3, device="openreg")  # a shape no other test uses
+    torch.openreg.synchronize()
+    s = Stream()
+    with Gate(s) as gate:
+        first = on(s, lambda: x * 7)
+        assert still_blocked(first), "the first call with new metadata returned while its stream was held"
+        gate.open()
+        first.value(timeout=10)
+    with Gate(s) as gate:
+        on(s, lambda: x * 7).value(timeout=10)  # the same metadata: queued
+        assert not s.query()
+        gate.open()
+    s.synchronize()
+
+
+def test_errors_only_the_cpu_kernel_checks_are_raised_at_the_call():
+    """gelu's Meta kernel does not check approximate=, its CPU kernel does:
+    the first call with that argument runs synchronously and raises, also
+    after the same call with a valid argument has been queued."""
+    x = torch.ones(23, device="openreg")
+    warm(lambda: torch.nn.functional.gelu(x, approximate="tanh"))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="approximate"):
+            torch.nn.functional.gelu(x, approximate="asdf")
+    torch.openreg.synchronize()  # nothing was queued, nothing is raised here
 
 
 def test_shape_errors_are_raised_at_the_call():
@@ -186,8 +230,8 @@ def test_an_out_argument_that_must_grow_warns_once():
     assert torch.equal(out.cpu(), torch.arange(6.0) + 1)
 
 
-def test_operators_wait_for_their_stream_in_the_default_mode():
-    """The default (OPENREG_ASYNC_OPERATORS unset): the fallback waits."""
+def test_operators_wait_for_their_stream_when_asynchronous_operators_are_off():
+    """OPENREG_ASYNC_OPERATORS=0: the fallback waits."""
     _, dev = inputs()
     openreg._C._set_async_operators(False)
     s = Stream()
@@ -227,14 +271,109 @@ def test_meta_answers_are_reused_only_for_the_same_metadata():
                 torch.testing.assert_close(got.cpu(), expected, msg=f"case {k}, n={n}")
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False)])
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", True), (None, True)])
 def test_the_environment_variable_sets_the_mode_at_load(value, on):
-    rc, out, err = run_python("print(openreg._C._async_operators())", env={"OPENREG_ASYNC_OPERATORS": value})
+    """Unset or empty: asynchronous operators (the default)."""
+    env = {} if value is None else {"OPENREG_ASYNC_OPERATORS": value}
+    rc, out, err = run_python("print(openreg._C._async_operators())", env=env)
     assert rc == 0, err
     assert out.strip().splitlines()[-1] == str(on)
+
+
+@pytest.mark.parametrize("name, overload", [
+    ("aten::add", "out"), ("aten::add_", "Tensor"), ("aten::mm", "out"), ("aten::sum", "IntList_out"),
+    ("aten::cat", "out"), ("aten::max_pool2d_with_indices", "out"), ("aten::_softmax", "out"),
+])
+def test_hot_operators_ask_pytorchs_cpp_meta_kernels(name, overload):
+    """The asynchronous path asks libtorch's C++ Meta kernels (generated table,
+    MetaKernels.h) before the registered, mostly Python, ones: a table that
+    came out empty or lost these would make every cache miss slow."""
+    assert openreg._C._cxx_meta_kernel_count() > 500
+    assert openreg._C._has_cxx_meta_kernel(name, overload)
+    assert not openreg._C._has_cxx_meta_kernel("aten::nonzero", "")  # no C++ Meta kernel: data-dependent
+
+
+def test_cpp_meta_kernels_give_the_cpus_geometry_and_errors():
+    """Through the C++ Meta kernels, results have the CPU's shapes, strides
+    and dtypes (type promotion, broadcasting, reductions, pooling), and the
+    CPU's argument errors are raised at the call."""
+    base = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8) / 100
+    cases = [
+        lambda t: t + t.to(torch.float64),
+        lambda t: t.permute(0, 2, 3, 1) * 2,
+        lambda t: t[:, :1] - t,
+        lambda t: t.sum(dim=(1, 3), keepdim=True),
+        lambda t: torch.nn.functional.max_pool2d(t, 3, stride=2, padding=1, return_indices=True),
+        lambda t: torch.nn.functional.avg_pool2d(t, 2),
+        lambda t: t.softmax(1),
+        lambda t: t.flatten(1) @ t.flatten(1).t(),
+        lambda t: torch.cat([t, t.permute(0, 1, 3, 2)], dim=1),
+    ]
+    dev = base.to("openreg")
+    for k, case in enumerate(cases):
+        expected, got = case(base), case(dev)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = got if isinstance(got, tuple) else (got,)
+        for e, g in zip(expected, got):
+            assert (g.shape, g.stride(), g.dtype) == (e.shape, e.stride(), e.dtype), k
+            torch.testing.assert_close(g.cpu(), e, msg=f"case {k}")
+    with pytest.raises(RuntimeError, match="must match the size"):
+        dev + dev[:, :, :3]
+    with pytest.raises(RuntimeError, match="cannot be multiplied|shapes cannot"):
+        dev.flatten(1) @ dev.flatten(1)
 
 
 def test_a_bad_value_of_the_environment_variable_is_an_error_naming_it():
     rc, out, err = run_python("pass", env={"OPENREG_ASYNC_OPERATORS": "yes"})
     assert rc != 0
-    assert "ValueError: OPENREG_ASYNC_OPERATORS='yes': expected 0" in err
+    assert "ValueError: OPENREG_ASYNC_OPERATORS='yes': expected 1" in err
+
+
+def _default_opinfos():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from privateuse1_conformance.harness.operators import DEFAULT_OPERATORS
+    names = set(DEFAULT_OPERATORS)
+    return [op for op in op_db if (f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name) in names
+            or op.name in names]
+
+
+def test_queued_calls_give_the_cpus_results_across_the_default_operators():
+    """The asynchronous path over PyTorch's OpInfo samples of the kit's
+    default operators (float32, three samples each): the conformance suite's
+    operators area calls most samples once, so it sees the synchronous first
+    call of each key; here each sample is called twice on the device, and
+    the second call (queued, from the cached answer) must give the CPU's
+    results too. Most operators must have queued."""
+    from torch.utils._pytree import tree_map
+
+    def to(device):
+        return lambda v: v.to(device) if isinstance(v, torch.Tensor) else v
+
+    def flat(result):
+        return [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+
+    launches = openreg._C._async_operator_launches()
+    checked, queued_ops = [], 0
+    for op in _default_opinfos():
+        if "dropout" in op.name or torch.float32 not in op.supported_dtypes("cpu"):
+            continue  # random: two calls differ on the CPU too
+        before = openreg._C._async_operator_launches()
+        for sample in list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:3]:
+            cpu = [sample.input, *sample.args]
+            expected = flat(op(*cpu, **sample.kwargs))
+            for call in range(2):
+                dev_args = tree_map(to("openreg"), cpu)
+                dev_kwargs = tree_map(to("openreg"), sample.kwargs)
+                got = flat(op(*dev_args, **dev_kwargs))
+                torch.openreg.synchronize()
+                assert len(got) == len(expected), op.name
+                for g, e in zip(got, expected):
+                    assert (g.shape, g.dtype) == (e.shape, e.dtype), (op.name, call)
+                    torch.testing.assert_close(g.cpu(), e, rtol=1e-3, atol=1e-3, equal_nan=True,
+                                               msg=lambda m: f"{op.name}, call {call}: {m}")
+        checked.append(op.name)
+        queued_ops += openreg._C._async_operator_launches() > before
+    assert len(checked) > 100
+    assert openreg._C._async_operator_launches() > launches
+    assert queued_ops > len(checked) // 2, f"only {queued_ops} of {len(checked)} operators ever queued"

@@ -68,12 +68,14 @@ class AliasBuilder {
 
 // Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
 // operators whose results' geometry their Meta kernel tells, instead of
-// waiting for them. Off unless the environment variable
-// OPENREG_ASYNC_OPERATORS is 1 when the library loads (each new operator and
-// argument metadata pays PyTorch's Meta kernel, mostly Python; answers are
-// kept: docs/reference-backend/streams-and-events.md).
+// waiting for them. On unless the environment variable
+// OPENREG_ASYNC_OPERATORS is 0 when the library loads (each new operator and
+// argument metadata pays a Meta kernel, C++ where libtorch has one; answers
+// are kept: docs/reference-backend/streams-and-events.md).
 bool async_operators();
 void set_async_operators(bool on);
+// How many operators the asynchronous path has queued in this process.
+uint64_t async_operator_launches();
 
 // A device tensor viewing `storage` with the geometry and dtype of `like`
 // (a CPU tensor), sharing `storage`.

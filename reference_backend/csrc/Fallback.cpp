@@ -11,15 +11,16 @@
 // * Mixing devices, or CPU tensors with device tensors (but 0-dim CPU
 //   inputs), is an error naming both devices, as on CUDA. Operators without a CPU kernel
 //   fail with an error naming the operator and the device.
-// By default the fallback is synchronous: it waits for its kernel, because it
-// must know the results' shapes to build them. With asynchronous operators
-// on (OPENREG_ASYNC_OPERATORS=1), operators whose Meta kernel tells the
-// results' geometry return at once with their kernel queued on the stream
-// (the asynchronous path, below).
+// Operators whose Meta kernel tells the results' geometry return at once
+// with their kernel queued on the stream (the asynchronous path, below; the
+// default). The others, and every operator with asynchronous operators off
+// (OPENREG_ASYNC_OPERATORS=0), take the synchronous path: it waits for its
+// kernel, because it must know the results' shapes to build them.
 #include "DeviceKernel.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
 #include "Generator.h"
+#include "MetaKernels.h"
 #include "Mutants.h"
 #include "Stream.h"
 #include "Allocator.h"
@@ -306,23 +307,31 @@ void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector
 
 // ---------------------------------------------------------------- asynchronous path
 //
-// With asynchronous operators on (OPENREG_ASYNC_OPERATORS=1; off by default,
-// since PyTorch's Meta kernels are mostly Python and cost more than a small
-// synchronous call), most operators return at once, as on a real
-// accelerator: the host learns
-// the results' geometry from the operator's Meta kernel, allocates fresh
-// results on the device, builds views of the inputs' storages for results
-// that alias them, and queues the CPU kernel on the current stream, where it
-// writes the preallocated results. The host never waits. Everything else
-// takes the synchronous path below: operators with no Meta kernel or whose
-// Meta kernel fails (it raises the shape errors the CPU kernel would raise,
-// so those are left to the CPU kernel, at the call), results whose size
-// depends on the data (nonzero, masked_select, unique: Meta cannot tell),
-// results that are not tensors (item, equal), random operators (their
-// generator's state is read and advanced on the host's side of the call),
-// written arguments whose geometry Meta changes other than by a plain resize
-// of an out= argument (that one is resized on the host), and CPU tensors of
-// more than 0 dimensions. Structured operators (add, mm, ...) reach the fallback as
+// With asynchronous operators on (the default; OPENREG_ASYNC_OPERATORS=0
+// turns them off), most operators return at once, as on a real
+// accelerator: the host learns the results' geometry from the operator's
+// Meta kernel (PyTorch's C++ one where libtorch has it, else the registered
+// one, mostly Python: MetaKernels.h), allocates fresh results on the
+// device, builds views of the inputs' storages for results that alias
+// them, and queues the CPU kernel on the current stream, where it writes
+// the preallocated results. The host never waits.
+//
+// The answers are kept by the operator and its arguments' metadata (the
+// key), and the first call with a key runs synchronously: then the CPU
+// kernel raises, at the call, every error it checks on the host, also those
+// the Meta kernel does not check (gelu's approximate= string, convolution's
+// bias dtype), and the answer is kept only if that call succeeded with the
+// results' geometry Meta told. Later calls with the key pass the same
+// checks, so they queue.
+//
+// Everything else takes the synchronous path below: operators with no Meta
+// kernel or whose Meta kernel fails (the CPU kernel raises its own error, at
+// the call), results whose size depends on the data (nonzero,
+// masked_select, unique: Meta cannot tell), results that are not tensors
+// (item, equal), random operators (their generator's state is read and
+// advanced on the host's side of the call), written arguments whose geometry
+// Meta changes (an out= to resize), and CPU tensors of more than 0
+// dimensions. Structured operators (add, mm, ...) reach the fallback as
 // their out= variant, with the result already allocated at its size.
 //
 // An error the CPU kernel raises on the worker (an index out of range, a
@@ -342,29 +351,8 @@ bool is_tensor_list_type(const c10::TypePtr& type) {
       type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
-// Operators whose Meta kernel checks less than their CPU kernel: an
-// argument error that the CPU kernel raises (and CUDA's kernels raise at the
-// call) would pass the host and surface only at a synchronization. They take
-// the synchronous path, so that the error is raised at the call. Each was
-// found by the operators area's error inputs (OP-INFO-004) or samples
-// (OP-INFO-001), which report such an error as "returned on the device".
-bool meta_checks_less_than_cpu(const c10::OperatorName& name) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::convolution",        // the bias's dtype against the input's
-      "aten::masked_fill",        // a complex value for a real tensor
-      "aten::masked_fill_",
-      "aten::native_layer_norm",  // the weight's dtype against the input's
-      "aten::native_batch_norm",  // the same, for batch norm and its backward
-      "aten::_native_batch_norm_legit",
-      "aten::_native_batch_norm_legit_no_training",
-      "aten::native_batch_norm_backward",
-  };
-  return ops.count(name.name) != 0;
-}
-
 // Whether the schema allows the asynchronous path at all.
 bool schema_may_run_async(const c10::FunctionSchema& schema) {
-  if (meta_checks_less_than_cpu(schema.operator_name())) return false;
   for (const c10::Argument& argument : schema.arguments()) {
     if (is_optional_generator(argument)) return false;
   }
@@ -391,11 +379,14 @@ struct QueuedOutput {
   bool view;
 };
 
-// Whether the asynchronous path is on: OPENREG_ASYNC_OPERATORS=1 when the
-// library loads, or set_async_operators.
+// Whether the asynchronous path is on: unless OPENREG_ASYNC_OPERATORS=0 when
+// the library loads, or set_async_operators(false).
+// How many operators the asynchronous path queued (tests and benchmarks).
+std::atomic<uint64_t> async_launches{0};
+
 std::atomic<bool> async_operators_on{[] {
   const char* value = std::getenv("OPENREG_ASYNC_OPERATORS");
-  return value != nullptr && std::string(value) == "1";
+  return value == nullptr || std::string(value) != "0";
 }()};
 
 // What the Meta kernel said about one result (or a mutated argument).
@@ -424,13 +415,41 @@ struct MetaAnswer {
   std::vector<ReturnPlan> returns;
 };
 
-// Meta kernels are mostly Python in PyTorch 2.13 and cost 10 us to 15 ms a
-// call; programs repeat their shapes. The answers are kept, keyed by the
-// operator and everything the Meta kernel can look at: each tensor's dtype,
-// geometry, storage size, which arguments share a storage or are one
-// tensor, CPU scalars' values, and the other arguments' values. Answers that
-// resized an out= argument are not kept (the resize and its warning happen
-// again each time).
+// An answer waiting for the first call with its key to run synchronously,
+// and the geometry of the arguments it writes before that call.
+struct PendingAnswer {
+  std::vector<int64_t> key;
+  std::shared_ptr<MetaAnswer> answer;
+  std::vector<std::pair<size_t, Geometry>> written;
+};
+
+Geometry geometry_of_tensor(const at::Tensor& t) {
+  Geometry g;
+  g.dtype = t.dtype();
+  g.sizes = t.sizes().vec();
+  g.strides = t.strides().vec();
+  g.storage_offset = t.storage_offset();
+  g.conj = t.is_conj();
+  g.neg = t.is_neg();
+  return g;
+}
+
+bool same_geometry(const Geometry& g, const at::Tensor& t) {
+  return g.dtype == t.dtype() && t.sizes().equals(g.sizes) && t.strides().equals(g.strides) &&
+      g.storage_offset == t.storage_offset() && g.conj == t.is_conj() && g.neg == t.is_neg();
+}
+
+class DiscardWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+// A C++ Meta kernel costs a few microseconds, a registered (Python) one 10 us
+// to 15 ms; programs repeat their shapes. The answers are kept, keyed by the
+// operator and everything the Meta and CPU kernels' host-side checks can
+// look at: each tensor's dtype, geometry, storage size, which arguments
+// share a storage or are one tensor, CPU scalars' values, the other
+// arguments' values, and whether deterministic algorithms are on.
 struct KeyHash {
   size_t operator()(const std::vector<int64_t>& key) const {
     uint64_t h = 1469598103934665603ULL;
@@ -518,9 +537,13 @@ at::Tensor device_tensor_with(const c10::Storage& storage, const Geometry& g) {
 // operator must take the synchronous path. The queued kernel owns no device
 // tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
 // freed on the worker without Python or the device allocator.
-bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
+                      PendingAnswer& pending) {
   const auto& schema = op.schema();
   if (!async_operators_on.load(std::memory_order_relaxed)) return false;
+  // Mutant fallback-synchronous-operators: every operator waits, while the
+  // manifest still claims async-operators (ST-ASYNC-001).
+  if (mutant::is("fallback-synchronous-operators")) return false;
   if (!schema_may_run_async(schema) || !op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return false;
   }
@@ -532,8 +555,12 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   std::vector<at::Tensor> ref_tensors;  // host side only: the tensor of each ref
   std::unordered_map<const c10::TensorImpl*, int> ref_of_tensor;
   std::unordered_map<const c10::StorageImpl*, int> group_of_storage;  // device storage -> its first ref
+  // The global state a CPU kernel's checks read: deterministic algorithms
+  // make some raise at the call.
+  const auto& context = at::globalContext();
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&schema),
-                           static_cast<int64_t>(c10::hash<c10::OperatorName>()(schema.operator_name()))};
+                           static_cast<int64_t>(c10::hash<c10::OperatorName>()(schema.operator_name())),
+                           context.deterministicAlgorithms() * 2 + context.deterministicAlgorithmsWarnOnly()};
   std::vector<QueuedArg> queued(num_args);
   bool supported = true;
   for (size_t i = 0; i < num_args && supported; ++i) {
@@ -664,47 +691,34 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     }
     std::vector<c10::IValue> meta_args(meta_stack.begin(), meta_stack.end());
     auto computed = std::make_shared<MetaAnswer>();
-    bool keep = true;
     try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+      // PyTorch's C++ Meta kernel where libtorch has one (for structured
+      // operators: the checks the CPU kernel runs first), else the
+      // registered one (mostly Python: MetaKernels.h). Its warnings are
+      // not the caller's: this call runs synchronously next, and the CPU
+      // kernel gives its own.
+      DiscardWarnings discard;
+      const c10::WarningUtils::WarningHandlerGuard quiet(&discard);
+      const c10::KernelFunction* cxx = cxx_meta_kernel(op.operator_name());
+      if (cxx != nullptr) {
+        cxx->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+      } else {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+      }
     } catch (const std::exception&) {
       computed->synchronous = true;  // the CPU kernel raises its own error, at the call
     }
-    // Mutated arguments: an out= argument the Meta kernel resized (new
-    // sizes, contiguous, as resize_ makes it) is resized here, on the host,
-    // as CUDA's kernels resize theirs (its storage grows on the stream). Any
-    // other change of geometry takes the synchronous path, where the CPU
+    // Mutated arguments: any change of a written argument's geometry (an
+    // out= the Meta kernel resized) takes the synchronous path, where the CPU
     // kernel decides: it keeps the strides of an out= of the right size, and
     // lays some results out its own way (geqrf: column-major).
-    bool resized = false;
     for (size_t i = 0; i < num_args && !computed->synchronous; ++i) {
       if (!writes(schema.arguments()[i]) || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
       const at::Tensor& before = args[i].toTensor();
       const at::Tensor& after = meta_args[i].toTensor();
-      if (after.sizes().equals(before.sizes()) && after.strides().equals(before.strides()) &&
-          after.storage_offset() == before.storage_offset() && after.is_conj() == before.is_conj() &&
-          after.is_neg() == before.is_neg()) {
-        continue;
-      }
-      const bool plain_resize = schema.arguments()[i].kwarg_only() && !after.sizes().equals(before.sizes()) &&
-          after.is_contiguous() && after.storage_offset() == before.storage_offset() &&
-          after.is_conj() == before.is_conj() && after.is_neg() == before.is_neg();
-      if (!plain_resize || mutant::is("fallback-out-cannot-grow")) {
-        computed->synchronous = true;
-        keep = !resized;  // a resize done already is not undone; the next call asks again
-        break;
-      }
-      const size_t needed = at::detail::computeStorageNbytes(
-          after.sizes(), after.strides(), after.dtype().itemsize(), after.storage_offset());
-      auto* storage = before.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-      if (needed > storage->nbytes()) resize_storage_bytes(storage, needed);
-      before.unsafeGetTensorImpl()->set_sizes_and_strides(after.sizes(), after.strides(), after.storage_offset());
-      resized = true;
-      keep = false;
-    }
-    if (resized) {
-      // Storages may have moved: every reference is taken again.
-      for (size_t r = 0; r < refs.size(); ++r) refs[r] = TensorRef(ref_tensors[r]);
+      computed->synchronous = !(after.sizes().equals(before.sizes()) && after.strides().equals(before.strides()) &&
+                                after.storage_offset() == before.storage_offset() &&
+                                after.is_conj() == before.is_conj() && after.is_neg() == before.is_neg());
     }
     // The results: mutated arguments themselves, views of input storages, or
     // fresh tensors.
@@ -753,8 +767,22 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
       }
       computed->returns.push_back(std::move(plan));
     }
-    if (keep) meta_cache().insert(key, computed);
-    answer = std::move(computed);
+    if (computed->synchronous) {
+      meta_cache().insert(std::move(key), computed);
+    } else {
+      // The first call with this key runs synchronously: its CPU kernel
+      // raises, at the call, any error the Meta kernel does not check
+      // (gelu's approximate= string, convolution's bias dtype), and the
+      // answer is kept only once it ran (cpu_fallback, confirm_answer).
+      pending.key = std::move(key);
+      pending.answer = std::move(computed);
+      for (size_t i = 0; i < num_args; ++i) {
+        if (writes(schema.arguments()[i]) && args[i].isTensor() && args[i].toTensor().defined()) {
+          pending.written.emplace_back(i, geometry_of_tensor(args[i].toTensor()));
+        }
+      }
+    }
+    return false;
   }
   if (answer->synchronous) return false;
 
@@ -799,6 +827,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   // fresh results copied into the preallocated ones.
   // Mutant ops-on-default-stream: computation too goes to the default stream.
   const c10::Stream stream = mutant::is("ops-on-default-stream") ? default_stream(device) : current_stream(device);
+  async_launches.fetch_add(1, std::memory_order_relaxed);
   launch_kernel(stream, [handle = op, refs = std::move(refs), queued = std::move(queued),
                                          queued_outputs = std::move(queued_outputs)] {
     const auto& schema = handle.schema();
@@ -857,6 +886,9 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
                     "kernel returns a new tensor");
         continue;
       }
+      // Mutant fallback-async-results-dropped: queued operators compute, but
+      // their fresh results never reach the tensors the caller holds.
+      if (mutant::is("fallback-async-results-dropped")) continue;
       target.copy_(produced);
     }
   }, /*wait=*/false);
@@ -864,6 +896,40 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   torch::jit::drop(*stack, num_args);
   for (auto& v : outputs) stack->push_back(std::move(v));
   return true;
+}
+
+// Keeps the Meta kernel's answer once the first call with its key ran
+// synchronously without error. Its fresh results must have the geometry
+// the CPU kernel gave them, and the arguments it writes must have kept
+// theirs, as Meta said; where not (a Meta kernel that lays a result out
+// otherwise; linalg_lu_solve's out= kernel, which flips its out='s conjugate
+// bit), the key stays synchronous, so that results are the CPU's.
+void confirm_answer(PendingAnswer pending, c10::ArrayRef<c10::IValue> args, const torch::jit::Stack& outputs) {
+  auto matches = [](const Geometry& g, const at::Tensor& t) {
+    if (!g.defined || !t.defined()) return g.defined == t.defined();
+    if (g.view_of >= 0) return true;  // checked on the worker at each asynchronous call
+    return g.dtype == t.dtype() && t.sizes().equals(g.sizes) && t.strides().equals(g.strides);
+  };
+  bool same = outputs.size() == pending.answer->returns.size();
+  for (const auto& [i, before] : pending.written) {
+    same = same && same_geometry(before, args[i].toTensor());
+  }
+  for (size_t r = 0; r < outputs.size() && same; ++r) {
+    const ReturnPlan& plan = pending.answer->returns[r];
+    if (plan.kind == ReturnPlan::Kind::kTensor) {
+      same = outputs[r].isTensor() && matches(plan.tensors[0], outputs[r].toTensor());
+    } else if (plan.kind == ReturnPlan::Kind::kTensorList) {
+      same = outputs[r].isTensorList() && outputs[r].toTensorList().size() == plan.tensors.size();
+      for (size_t k = 0; k < plan.tensors.size() && same; ++k) {
+        same = matches(plan.tensors[k], outputs[r].toTensorList().get(k));
+      }
+    }
+  }
+  if (!same) {
+    pending.answer->synchronous = true;
+    pending.answer->returns.clear();
+  }
+  meta_cache().insert(std::move(pending.key), std::move(pending.answer));
 }
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -879,7 +945,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               static_cast<int>(device), ": it has neither an OpenReg kernel nor "
               "a CPU kernel to fall back on");
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-  if (try_launch_async(op, stack, device)) return;
+  PendingAnswer pending;
+  if (try_launch_async(op, stack, device, pending)) return;
 
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
@@ -993,6 +1060,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       outputs.push_back(std::move(value));
     }
   }
+  if (pending.answer) confirm_answer(std::move(pending), args, outputs);
   torch::jit::drop(*stack, num_args);
   for (auto& v : outputs) stack->push_back(std::move(v));
 }
@@ -1005,6 +1073,10 @@ bool async_operators() {
 
 void set_async_operators(bool on) {
   async_operators_on.store(on);
+}
+
+uint64_t async_operator_launches() {
+  return async_launches.load();
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

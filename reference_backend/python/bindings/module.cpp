@@ -7,6 +7,7 @@
 #include <Exception.h>
 #include <Generator.h>
 #include <Hooks.h>
+#include <MetaKernels.h>
 #include <Mutants.h>
 #include <Stream.h>
 
@@ -181,10 +182,17 @@ PYBIND11_MODULE(_C, m) {
         reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
 
-  // Asynchronous operators (off by default; OPENREG_ASYNC_OPERATORS=1 turns
-  // them on when the library loads): read and switch for the process.
+  // Asynchronous operators (on by default; OPENREG_ASYNC_OPERATORS=0 turns
+  // them off when the library loads): read and switch for the process.
   m.def("_async_operators", &openreg::async_operators);
   m.def("_set_async_operators", &openreg::set_async_operators, py::arg("on"));
+  // Whether the asynchronous path asks PyTorch's C++ Meta kernel of an
+  // operator overload (MetaKernels.h), and how many have one.
+  m.def("_has_cxx_meta_kernel", [](const std::string& name, const std::string& overload) {
+    return openreg::cxx_meta_kernel(c10::OperatorName(name, overload)) != nullptr;
+  }, py::arg("name"), py::arg("overload"));
+  m.def("_cxx_meta_kernel_count", &openreg::cxx_meta_kernel_count);
+  m.def("_async_operator_launches", &openreg::async_operator_launches);
 
   // Testing aid: a kernel that blocks `stream` until the gate is opened,
   // so that tests can observe work still in flight without guessing at

@@ -45,10 +45,10 @@ from . import _mutants  # noqa: E402
 
 _mutants.check(_C._known_mutants())  # an unknown OPENREG_MUTANT is an error, not a no-op
 # OPENREG_ASYNC_OPERATORS (read by the library when it loaded): anything but
-# unset, 0 or 1 is an error, not a silent "off".
-if os.environ.get("OPENREG_ASYNC_OPERATORS", "0") not in ("", "0", "1"):
-    raise ValueError(f"OPENREG_ASYNC_OPERATORS={os.environ['OPENREG_ASYNC_OPERATORS']!r}: expected 0 (operators wait "
-                     "for their stream, the default) or 1 (asynchronous operators; "
+# unset, empty, 0 or 1 is an error, not a silent default.
+if os.environ.get("OPENREG_ASYNC_OPERATORS", "1") not in ("", "0", "1"):
+    raise ValueError(f"OPENREG_ASYNC_OPERATORS={os.environ['OPENREG_ASYNC_OPERATORS']!r}: expected 1 (asynchronous "
+                     "operators, the default) or 0 (operators wait for their stream; "
                      "docs/reference-backend/streams-and-events.md)")
 
 __all__ = [
