@@ -728,12 +728,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
         return true;
       }
       if (m.layout() != c10::kStrided) return false;
-      g.dtype = m.dtype();
-      g.sizes = m.sizes().vec();
-      g.strides = m.strides().vec();
-      g.storage_offset = m.storage_offset();
-      g.conj = m.is_conj();
-      g.neg = m.is_neg();
+      g = geometry_of_tensor(m);
       auto aliased = ref_of_meta_storage.find(m.storage().unsafeGetStorageImpl());
       if (aliased != ref_of_meta_storage.end() && !mutant::is("fallback-views-are-copies")) {
         g.view_of = aliased->second;
