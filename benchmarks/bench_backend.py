@@ -104,18 +104,24 @@ def small_ops() -> list[dict]:
                          "openreg_us": round(waiting / 1e3, 2), "cpu_us": round(cpu / 1e3, 2),
                          "ratio": round(waiting / cpu, 2)})
     # Launch overhead alone: the call returns before the work runs (the
-    # stream is gated, so nothing can have run yet).
+    # stream is gated, so nothing can have run yet). All 200 launches queue
+    # behind one gate: a copy that ran between two timed launches would leave
+    # the CPU kernels' thread pool spinning on this 2-vCPU machine, and the
+    # next launch would measure that instead (30-50 us, against 3 us).
     x = torch.ones(1 << 20, device="openreg")
     y = torch.empty(1 << 20, device="openreg")
     xt = x.view(1024, 1024).t()
     yv = y.view(1024, 1024)
     stream = torch.openreg.current_stream()
+    stream.synchronize()
     launches = []
-    for _ in range(200):
-        gate = _C._testing_block_stream(stream)
-        start = time.perf_counter()
-        yv.copy_(xt)  # an asynchronous device kernel
-        launches.append(time.perf_counter() - start)
+    gate = _C._testing_block_stream(stream)
+    try:
+        for _ in range(200):
+            start = time.perf_counter()
+            yv.copy_(xt)  # an asynchronous device kernel
+            launches.append(time.perf_counter() - start)
+    finally:
         _C._testing_open_gate(gate)
     stream.synchronize()
     rows.append({"name": "asynchronous launch overhead (device kernel, y.copy_(x.t()))",

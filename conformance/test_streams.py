@@ -313,6 +313,32 @@ def test_work_on_one_stream_runs_in_order(dt, backend):
 
 
 @contract("ST-SYNC-001")
+def test_calls_the_host_waits_for_run_after_the_running_task(dt, backend):
+    """The stream's only task is running (held by the gate, nothing queued
+    behind it). A copy to the host and an operator whose result's size
+    depends on the data are work on that stream too: they must run after the
+    task, not beside it on the calling thread because the queue is empty."""
+    device = torch.device(dt, 0)
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0], device=device)
+    torch.accelerator.synchronize(0)
+    load = Load(dt, 0)
+    s = new_stream(dt, 0)
+    calls = (
+        ("Tensor.cpu()", lambda: x.cpu(), lambda r: r.tolist() == [0.0, 1.0, 0.0, 2.0]),
+        ("torch.nonzero()", lambda: torch.nonzero(x), lambda r: r.cpu().flatten().tolist() == [1, 3]),
+    )
+    for name, call, correct in calls:
+        with hold(backend, s, load) as held:
+            with s:
+                result, early = waited(lambda: must(call, name), held)
+        s.synchronize()
+        check("ST-SYNC-001.3", early is not True,
+              f"{name} on a stream whose last task was still running (held) returned before that task finished: "
+              "work on one stream ran out of order")
+        check("ST-SYNC-001.3", correct(result), f"{name} returned {result!r}")
+
+
+@contract("ST-SYNC-001")
 def test_device_synchronize_waits_for_every_stream(dt, backend):
     """Two new streams held (or busy), a short write on the current one:
     torch.accelerator.synchronize() must wait for all three."""

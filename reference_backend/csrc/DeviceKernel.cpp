@@ -5,9 +5,12 @@
 #include "Stream.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <exception>
+#include <optional>
+#include <thread>
 
 namespace openreg {
 
@@ -19,10 +22,40 @@ struct KernelTask {
   std::exception_ptr error;  // wait mode: handed back to the caller
 };
 
+// What a stream's worker thread starts with: PyTorch's thread-local state
+// (grad and inference mode, autocast, dispatch modes, the profiler's
+// RecordFunction callbacks, ...) and warning handler as on a new thread.
+// Captured once, on a thread of our own.
+struct FreshThreadState {
+  at::ThreadLocalState state;
+  c10::WarningHandler* warnings;
+};
+const FreshThreadState& fresh_thread_state() {
+  static const FreshThreadState* fresh = [] {
+    const FreshThreadState* captured = nullptr;
+    std::thread([&] {
+      captured = new FreshThreadState{at::ThreadLocalState(), c10::WarningUtils::get_warning_handler()};
+    }).join();
+    return captured;
+  }();
+  return *fresh;
+}
+
 orError_t run_task(void* arg) {
   auto* task = static_cast<KernelTask*>(arg);
   orError_t status = orSuccess;
   try {
+    // A waited-for kernel may run on the caller's thread (orLaunchKernelSync,
+    // when the stream is idle). It runs under a new thread's state, as on
+    // the stream's worker: the caller's autocast or dispatch modes must not
+    // reach the CPU kernel, and its warnings go where a worker's go, so a
+    // kernel behaves the same on either thread.
+    std::optional<at::ThreadLocalStateGuard> fresh_state;
+    std::optional<c10::WarningUtils::WarningHandlerGuard> fresh_warnings;
+    if (task->wait) {
+      fresh_state.emplace(fresh_thread_state().state);
+      fresh_warnings.emplace(fresh_thread_state().warnings);
+    }
     // Aliases are plain CPU tensors: skip autograd and view tracking.
     c10::impl::ExcludeDispatchKeyGuard no_autograd(
         c10::autograd_dispatch_keyset_with_ADInplaceOrView);
@@ -69,8 +102,7 @@ void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool w
   const orStream_t native = native_stream(stream);
   if (wait) {
     KernelTask task{std::move(body), true, nullptr};
-    OPENREG_CHECK(orLaunchKernel(native, &run_task, &task));
-    OPENREG_CHECK(orStreamSynchronize(native));
+    OPENREG_CHECK(orLaunchKernelSync(native, &run_task, &task));
     if (task.error) std::rethrow_exception(task.error);
     return;
   }

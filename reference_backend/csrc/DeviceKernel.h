@@ -42,7 +42,9 @@ struct TensorRef {
 //    not own tensors (capture TensorRefs).
 //  * wait == true: returns when the stream has finished the kernel (and all
 //    work before it) and rethrows an exception from `body`. The body may then
-//    use state of the caller's frame, tensors included.
+//    use state of the caller's frame, tensors included. On an idle stream it
+//    runs on the calling thread (orLaunchKernelSync), under a new thread's
+//    PyTorch state and warning handler, as it would on the worker.
 void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool wait);
 
 // Worker-side helper: builds CPU aliases, reusing one alias storage per

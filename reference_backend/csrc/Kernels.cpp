@@ -279,21 +279,28 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
     const c10::DeviceGuard guard(dst.device());
     target = at::empty(dst.sizes(), dst.options());
   }
-  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(),
-                              host.nbytes() - (mutant::is("h2d-drops-last-byte") ? 1 : 0),
-                              orMemcpyHostToDevice, native));
-  if (!target.is_same(dst)) copy_on_device(target, dst, stream);
+  const size_t nbytes = host.nbytes() - (mutant::is("h2d-drops-last-byte") ? 1 : 0);
   // Asynchronous only when the bytes are read straight from the caller's
   // pinned memory (no conversion made a temporary).
   const bool pinned_source = host.storage().is_alias_of(src.storage()) &&
       is_pinned_pointer(host.const_data_ptr());
+  // Mutant non-blocking-pageable-returns-early: returns before reading src.
+  const bool returns_early = non_blocking && (pinned_source || mutant::is("non-blocking-pageable-returns-early"));
+  if (target.is_same(dst) && !returns_early) {
+    // One call: on an idle stream the calling thread copies (no hand-over to
+    // the stream's worker and back).
+    OPENREG_CHECK(orMemcpySync(target.data_ptr(), host.const_data_ptr(), nbytes, orMemcpyHostToDevice, native));
+    return;
+  }
+  OPENREG_CHECK(orMemcpyAsync(target.data_ptr(), host.const_data_ptr(), nbytes, orMemcpyHostToDevice, native));
+  if (!target.is_same(dst)) copy_on_device(target, dst, stream);
   if (non_blocking && pinned_source) {
     // The caller may not touch src until the stream is done; the allocator
     // keeps the pinned block alive until then.
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
     return;
   }
-  if (non_blocking && mutant::is("non-blocking-pageable-returns-early")) return;  // reads src later
+  if (returns_early) return;  // the mutant reads src later
   OPENREG_CHECK(orStreamSynchronize(native));  // pageable memory: like CUDA
 }
 
@@ -310,15 +317,17 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_
   const bool direct = plain_layout(dst) && dst.dtype() == src.dtype() &&
       dst.sizes().equals(src.sizes());
   at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(c10::kCPU));
-  OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(),
-                              source.nbytes() - (mutant::is("d2h-drops-last-byte") ? 1 : 0),
-                              orMemcpyDeviceToHost, native));
+  const size_t nbytes = source.nbytes() - (mutant::is("d2h-drops-last-byte") ? 1 : 0);
   if (direct && non_blocking && is_pinned_pointer(host.const_data_ptr())) {
+    OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
     return;
   }
-  if (!direct && non_blocking && mutant::is("non-blocking-conversion-to-host-skipped")) return;
-  OPENREG_CHECK(orStreamSynchronize(native));
+  if (!direct && non_blocking && mutant::is("non-blocking-conversion-to-host-skipped")) {
+    OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
+    return;
+  }
+  OPENREG_CHECK(orMemcpySync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
   if (!direct) dst.copy_(host);
 }
 

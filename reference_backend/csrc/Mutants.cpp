@@ -168,6 +168,7 @@ const std::vector<std::string>& known() {
       "stream-of-other-device-on-current",
       "stream-query-always-true",
       "stream-runs-newest-first",
+      "stream-sync-launch-ignores-queue",
       "stream-synchronize-returns-early",
       "stream-wait-is-noop",
       "synchronize-current-device",

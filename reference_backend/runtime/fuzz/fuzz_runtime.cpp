@@ -24,7 +24,7 @@
 //     owns: the bytes it must contain and which bytes are defined (fresh
 //     allocations are undefined until written). H2D copies, memsets, D2D
 //     copies (overlapping ones too) and kernels update the shadow; every D2H
-//     read (orMemcpy, orMemcpyAsync on any stream, into pageable or pinned
+//     read (orMemcpy, orMemcpySync or orMemcpyAsync on any stream, into pageable or pinned
 //     memory) and every verifying kernel compares the defined bytes with the
 //     shadow byte for byte; a mismatch aborts with the buffer, offset,
 //     expected and actual byte, how many bytes differ and whether they read as
@@ -685,6 +685,13 @@ void read_back(Thread& t, Buffer& b, Range r, uint8_t stream_sel, uint8_t how) {
               "orMemcpy D2H");
     b.last = nullptr;
     what = "orMemcpy(DeviceToHost)";
+  } else if (how % 4 == 3) {
+    Pick s = pick_stream(t, b.device, stream_sel);
+    order(t, b, s.hs, how >> 2);
+    expect_ok(&t, orMemcpySync(dst, b.p + r.off, r.len, orMemcpyDeviceToHost,
+                               s.handle), "orMemcpySync D2H");
+    b.last = nullptr;
+    what = "orMemcpySync(DeviceToHost)";
   } else {
     Pick s = pick_stream(t, b.device, stream_sel);
     order(t, b, s.hs, how >> 2);

@@ -130,7 +130,14 @@ struct orStream {
   std::deque<openreg::runtime::Task> queue;
   uint64_t submitted = 0;  // tasks ever enqueued
   uint64_t completed = 0;  // tasks finished, in order
+  // Copies of the two counters, read without the mutex by the short spins of
+  // waiters and of the idle worker (see spin_until in stream.cpp).
+  std::atomic<uint64_t> submitted_hint{0};
+  std::atomic<uint64_t> completed_hint{0};
   bool stopping = false;
+  // A kernel of orLaunchKernelSync runs on the calling thread; the worker
+  // holds queued work back until it has completed.
+  bool inline_running = false;
   std::string kernel_error;  // sticky error of a failed kernel
   std::thread worker;
 
@@ -138,6 +145,8 @@ struct orStream {
   uint64_t enqueue(openreg::runtime::Task task);
   void wait_for(uint64_t seq);
   bool reached(uint64_t seq);
+  // Marks the end of task `error`'s run (the worker's or an inline one).
+  void complete(std::string error);
   void run();
 };
 
@@ -189,6 +198,14 @@ orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out);
 // Validates an event handle.
 orError_t resolve_event(const char* call, const char* argument, orEvent_t event,
                         EventRef* out);
+
+// Runs `work` as the next task of `s` and returns when it and everything
+// before it has completed, with the stream's sticky error (as
+// orStreamSynchronize). On an idle stream `work` runs on the calling thread,
+// as a kernel of the stream's device, while the worker holds later work back.
+// Counted as a kernel launch if `is_kernel`. `call` names the caller in errors.
+orError_t run_and_wait(const char* call, const StreamRef& s, std::function<orError_t()> work,
+                       bool is_kernel);
 
 // Events created and not yet destroyed.
 uint64_t live_event_count();

@@ -399,11 +399,13 @@ orError_t orPointerGetAttributes(orPointerAttributes* attributes,
   return orSuccess;
 }
 
-orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
-                        orMemcpyKind kind, orStream_t stream) {
-  const char* call = "orMemcpyAsync";
-  StreamRef s;
-  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+}  // extern "C"
+
+namespace {
+
+// Validates a copy on stream `s` (resolved already by the caller).
+orError_t check_stream_copy(const char* call, void* dst, const void* src, size_t count,
+                            orMemcpyKind kind, const StreamRef& s) {
   int copy_device = -1;
   if (orError_t e = check_copy(call, dst, src, count, kind, &copy_device)) return e;
   if (count == 0) return orSuccess;
@@ -421,12 +423,39 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
                 "%s: the device memory belongs to device %d but the stream "
                 "belongs to device %d", call, copy_device, s->device);
   }
-  s->enqueue({[dst, src, count]() {
-                copy_bytes(accessible(dst), accessible(src), count);
-                return orSuccess;
-              },
-              nullptr});
   return orSuccess;
+}
+
+std::function<orError_t()> copy_work(void* dst, const void* src, size_t count) {
+  return [dst, src, count]() {
+    copy_bytes(accessible(dst), accessible(src), count);
+    return orSuccess;
+  };
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
+                        orMemcpyKind kind, orStream_t stream) {
+  const char* call = "orMemcpyAsync";
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (orError_t e = check_stream_copy(call, dst, src, count, kind, s)) return e;
+  if (count == 0) return orSuccess;
+  s->enqueue({copy_work(dst, src, count), nullptr});
+  return orSuccess;
+}
+
+orError_t orMemcpySync(void* dst, const void* src, size_t count, orMemcpyKind kind,
+                       orStream_t stream) {
+  const char* call = "orMemcpySync";
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (orError_t e = check_stream_copy(call, dst, src, count, kind, s)) return e;
+  if (count == 0) return run_and_wait(call, s, [] { return orSuccess; }, /*is_kernel=*/false);
+  return run_and_wait(call, s, copy_work(dst, src, count), /*is_kernel=*/false);
 }
 
 orError_t orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
@@ -441,8 +470,10 @@ orError_t orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) 
   if (orError_t e = check_not_forked(call)) return e;
   orStream_t stream = nullptr;
   if (orError_t e = orStreamGetDefault(copy_device, &stream)) return e;
-  if (orError_t e = orMemcpyAsync(dst, src, count, kind, stream)) return e;
-  return orStreamSynchronize(stream);
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (orError_t e = check_stream_copy(call, dst, src, count, kind, s)) return e;
+  return run_and_wait(call, s, copy_work(dst, src, count), /*is_kernel=*/false);
 }
 
 orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {

@@ -113,12 +113,41 @@ orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out) {
 
 using namespace openreg::runtime;
 
+namespace openreg::runtime {
+namespace {
+
+// Polls `ready` for up to kSpin before the caller sleeps on a condition
+// variable. A thread put to sleep takes tens of microseconds to wake (far
+// more in a virtual machine) while a small operator takes a few: a waiter
+// whose work is about to finish, or an idle worker whose next task is about
+// to come, saves the wake-up. It only decides how a thread waits, never what
+// it waits for: every outcome is then checked again under the stream's mutex.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+template <typename Ready>
+bool spin_until(Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+}  // namespace
+}  // namespace openreg::runtime
+
 uint64_t orStream::enqueue(Task task) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex);
     queue.push_back(std::move(task));
     seq = ++submitted;
+    submitted_hint.store(seq, std::memory_order_release);
   }
   work_ready.notify_one();
   return seq;
@@ -130,8 +159,60 @@ bool orStream::reached(uint64_t seq) {
 }
 
 void orStream::wait_for(uint64_t seq) {
+  spin_until([&] { return completed_hint.load(std::memory_order_acquire) >= seq; });
   std::unique_lock<std::mutex> lock(mutex);
   work_done.wait(lock, [&] { return completed >= seq; });
+}
+
+namespace openreg::runtime {
+namespace {
+
+// Runs a task's work as a kernel of `device` on the calling thread and
+// returns its failure message ("" on success).
+std::string execute(int device, const std::function<orError_t()>& work) {
+  std::string error;
+  const int outer_device = tls_kernel_device;
+  tls_kernel_device = device;
+  tls_kernel_error = &error;
+  clear_last_error();
+  orError_t result;
+  try {
+    result = work();
+  } catch (const std::exception& e) {
+    error = e.what();
+    result = orErrorKernelFailed;
+  } catch (...) {
+    error = "unknown exception";
+    result = orErrorKernelFailed;
+  }
+  tls_kernel_error = nullptr;
+  tls_kernel_device = outer_device;
+  if (result == orSuccess) {
+    error.clear();  // orKernelSetError alone does not fail a kernel
+  } else if (error.empty()) {
+    // A runtime call made by the kernel explains the failure best.
+    error = orGetLastErrorMessage();
+    if (error.empty()) error = std::string("kernel returned ") + orGetErrorName(result);
+  }
+  return error;
+}
+
+}  // namespace
+}  // namespace openreg::runtime
+
+void orStream::complete(std::string error) {
+  bool held_back;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++completed;
+    completed_hint.store(completed, std::memory_order_release);
+    held_back = inline_running && !queue.empty();
+    inline_running = false;
+    if (!error.empty() && kernel_error.empty()) kernel_error = std::move(error);
+  }
+  work_done.notify_all();
+  // Work queued behind an inline kernel was held back for it.
+  if (held_back) work_ready.notify_one();
 }
 
 void orStream::run() {
@@ -143,9 +224,12 @@ void orStream::run() {
   }
   for (;;) {
     Task task;
+    // Idle: the next task often comes within microseconds (a host launching
+    // operators one after another).
+    spin_until([&] { return submitted_hint.load(std::memory_order_acquire) != completed_hint.load(std::memory_order_acquire); });
     {
       std::unique_lock<std::mutex> lock(mutex);
-      work_ready.wait(lock, [&] { return stopping || !queue.empty(); });
+      work_ready.wait(lock, [&] { return !inline_running && (stopping || !queue.empty()); });
       if (queue.empty()) return;  // stopping and drained
       if (mutant::is("stream-runs-newest-first")) {
         task = std::move(queue.back());
@@ -156,38 +240,12 @@ void orStream::run() {
       }
     }
     std::string error;
-    if (task.work) {
-      tls_kernel_error = &error;
-      clear_last_error();
-      orError_t result;
-      try {
-        result = task.work();
-      } catch (const std::exception& e) {
-        error = e.what();
-        result = orErrorKernelFailed;
-      } catch (...) {
-        error = "unknown exception";
-        result = orErrorKernelFailed;
-      }
-      tls_kernel_error = nullptr;
-      if (result == orSuccess) {
-        error.clear();  // orKernelSetError alone does not fail a kernel
-      } else if (error.empty()) {
-        // A runtime call made by the kernel explains the failure best.
-        error = orGetLastErrorMessage();
-        if (error.empty()) error = std::string("kernel returned ") + orGetErrorName(result);
-      }
-    }
+    if (task.work) error = execute(device, task.work);
     if (task.marker) {
       task.marker->time = std::chrono::steady_clock::now();
       task.marker->done.store(true, std::memory_order_release);
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      ++completed;
-      if (!error.empty() && kernel_error.empty()) kernel_error = std::move(error);
-    }
-    work_done.notify_all();
+    complete(std::move(error));
   }
 }
 
@@ -204,6 +262,41 @@ orError_t take_kernel_error(const char* call, const StreamRef& s) {
   return fail(orErrorKernelFailed, "%s: a kernel on a stream of device %d "
               "failed: %s", call, s->device, error.c_str());
 }
+
+}  // namespace
+
+orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s, std::function<orError_t()> work,
+                       bool is_kernel) {
+  if (tls_kernel_device >= 0) {
+    return fail(orErrorNotPermitted, "%s: kernels may not wait for work of a stream", call);
+  }
+  bool run_here;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    // Idle: nothing queued, nothing running (an inline task counts as
+    // submitted until it completes). Mutant stream-sync-launch-ignores-queue:
+    // only the queue is looked at, so the work overtakes a running task.
+    run_here = mutant::is("stream-sync-launch-ignores-queue") ? s->queue.empty()
+                                                              : s->completed == s->submitted;
+    if (run_here) {
+      s->submitted_hint.store(++s->submitted, std::memory_order_release);
+      s->inline_running = true;
+    }
+  }
+  // The launch is counted once it is decided: after the inline run, or once
+  // queued (the runtime's tests tell the two apart by the count).
+  if (run_here) {
+    s->complete(execute(s->device, work));
+    if (is_kernel) g_kernels.fetch_add(1, std::memory_order_relaxed);
+    return take_kernel_error(call, s);
+  }
+  const uint64_t seq = s->enqueue({std::move(work), nullptr});
+  if (is_kernel) g_kernels.fetch_add(1, std::memory_order_relaxed);
+  s->wait_for(seq);
+  return take_kernel_error(call, s);
+}
+
+namespace {
 
 orError_t create_stream(orStream_t* stream, int priority, const char* call) {
   if (!stream) return fail(orErrorInvalidValue, "%s: stream is null", call);
@@ -344,6 +437,14 @@ orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   g_kernels.fetch_add(1, std::memory_order_relaxed);
   s->enqueue({[fn, arg]() { return fn(arg); }, nullptr});
   return orSuccess;
+}
+
+orError_t orLaunchKernelSync(orStream_t stream, orKernelFn fn, void* arg) {
+  const char* call = "orLaunchKernelSync";
+  if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  return run_and_wait(call, s, [fn, arg] { return fn(arg); }, /*is_kernel=*/true);
 }
 
 orError_t orKernelMapPointer(const void* device_ptr, size_t count,

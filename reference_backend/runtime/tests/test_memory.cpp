@@ -711,6 +711,98 @@ TEST_F(MemcpyAsyncTest, ValidatesArgumentsLikeOrMemcpy) {
   EXPECT_OK(orMemcpyAsync(buffer.get(), host.data(), 0, orMemcpyHostToDevice, nullptr));
 }
 
+// -------------------------------------------------------------- orMemcpySync
+
+class MemcpySyncTest : public RuntimeTest {};
+
+TEST_F(MemcpySyncTest, CopiesOnTheCallingThreadWhenTheStreamIsIdleAndKeepsEveryByte) {
+  orStream_t stream = nullptr;
+  ASSERT_OK(orStreamCreate(&stream));
+  DeviceBuffer buffer(4096);
+  const std::vector<unsigned char> sent = Pattern(4096, 5);
+  std::vector<unsigned char> received(4096, 0);
+  ASSERT_OK(orMemcpySync(buffer.get(), sent.data(), 4096, orMemcpyHostToDevice, stream));
+  ASSERT_OK(orMemcpySync(received.data(), buffer.get(), 4096, orMemcpyDeviceToHost, stream));
+  EXPECT_EQ(received, sent);
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  EXPECT_OK(orMemcpySync(received.data(), buffer.get(), 0, orMemcpyDeviceToHost, stream));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(MemcpySyncTest, RunsAfterTheStreamsEarlierWork) {
+  orStream_t stream = nullptr;
+  ASSERT_OK(orStreamCreate(&stream));
+  DeviceBuffer buffer(sizeof(int));
+  void* device = buffer.get();
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));
+  ASSERT_OK(LaunchFn(stream, [device] {
+    void* alias = nullptr;
+    if (orError_t e = orKernelMapPointer(device, sizeof(int), &alias)) return e;
+    *static_cast<int*>(alias) = 4321;
+    return orSuccess;
+  }));
+  int result = 0;
+  auto copy = std::async(std::launch::async, [&] {
+    return orMemcpySync(&result, device, sizeof(int), orMemcpyDeviceToHost, stream);
+  });
+  gate.Open();
+  EXPECT_EQ(copy.get(), orSuccess);
+  EXPECT_EQ(result, 4321);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(MemcpySyncTest, ReportsAnEarlierKernelFailureOnce) {
+  orStream_t stream = nullptr;
+  ASSERT_OK(orStreamCreate(&stream));
+  DeviceBuffer buffer(64);
+  std::vector<unsigned char> host(64, 0);
+  ASSERT_OK(LaunchFn(stream, [] {
+    orKernelSetError("earlier kernel broke");
+    return orErrorKernelFailed;
+  }));
+  EXPECT_FAILS(orMemcpySync(host.data(), buffer.get(), 64, orMemcpyDeviceToHost, stream),
+               orErrorKernelFailed, "orMemcpySync", "earlier kernel broke");
+  EXPECT_OK(orStreamQuery(stream));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(MemcpySyncTest, ValidatesArgumentsLikeOrMemcpyAsync) {
+  REQUIRE_DEVICES(2);
+  DeviceBuffer buffer(100);
+  std::vector<unsigned char> host(200, 0);
+  EXPECT_FAILS(orMemcpySync(buffer.get(), host.data(), 16, static_cast<orMemcpyKind>(9), nullptr),
+               orErrorInvalidValue, "orMemcpySync", "kind=9");
+  EXPECT_FAILS(orMemcpySync(buffer.get(), host.data(), 101, orMemcpyHostToDevice, nullptr),
+               orErrorInvalidPointer, "orMemcpySync", "dst=", "101 bytes");
+  int not_a_stream = 0;
+  EXPECT_FAILS(orMemcpySync(buffer.get(), host.data(), 16, orMemcpyHostToDevice,
+                            reinterpret_cast<orStream_t>(&not_a_stream)),
+               orErrorInvalidHandle, "orMemcpySync", "stream=");
+  ASSERT_OK(orSetDevice(1));
+  orStream_t stream_one = nullptr;
+  ASSERT_OK(orStreamCreate(&stream_one));
+  ASSERT_OK(orSetDevice(0));
+  EXPECT_FAILS(orMemcpySync(buffer.get(), host.data(), 16, orMemcpyHostToDevice, stream_one),
+               orErrorDeviceMismatch, "orMemcpySync", "device 0", "device 1");
+  EXPECT_OK(orStreamDestroy(stream_one));
+}
+
+TEST_F(MemcpySyncTest, IsNotPermittedInsideAKernel) {
+  DeviceBuffer buffer(64);
+  void* device = buffer.get();
+  orError_t sync_inside = orSuccess, memcpy_inside = orSuccess;
+  ASSERT_OK(LaunchFn(nullptr, [&, device] {
+    unsigned char host[64];
+    sync_inside = orMemcpySync(host, device, 64, orMemcpyDeviceToHost, nullptr);
+    memcpy_inside = orMemcpy(host, device, 64, orMemcpyDeviceToHost);
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_EQ(sync_inside, orErrorNotPermitted);
+  EXPECT_EQ(memcpy_inside, orErrorNotPermitted);
+}
+
 // ------------------------------------------------------------- orMemsetAsync
 
 class MemsetAsyncTest : public RuntimeTest {};

@@ -655,6 +655,173 @@ TEST(KernelSetErrorTest, IsIgnoredOutsideKernels) {
   EXPECT_EQ(orStreamQuery(nullptr), orSuccess);
 }
 
+// ---------------------------------------------------- synchronous launches
+
+TEST(LaunchKernelSyncTest, RejectsNullFunctionAndUnknownStreams) {
+  orDebugCounters before{}, after{};
+  orGetDebugCounters(&before);
+  EXPECT_FAILS(orLaunchKernelSync(nullptr, nullptr, nullptr), orErrorInvalidValue,
+               "orLaunchKernelSync", "fn");
+  int unknown = 0;
+  EXPECT_FAILS(orLaunchKernelSync(reinterpret_cast<orStream_t>(&unknown), ProbeKernel,
+                                  nullptr),
+               orErrorInvalidHandle, "orLaunchKernelSync", "stream");
+  orGetDebugCounters(&after);
+  EXPECT_EQ(after.kernels_launched, before.kernels_launched);
+}
+
+TEST(LaunchKernelSyncTest, RunsOnTheCallingThreadAsAKernelWhenTheStreamIsIdle) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(orStreamSynchronize(stream));
+  KernelProbe probe{41};
+  ASSERT_OK(orLaunchKernelSync(stream, ProbeKernel, &probe));
+  EXPECT_EQ(probe.argument, 42);  // done on return
+  EXPECT_EQ(probe.thread, std::this_thread::get_id());
+  EXPECT_EQ(probe.device, 0);
+  EXPECT_EQ(orKernelCurrentDevice(), -1);  // the host thread again afterwards
+  EXPECT_EQ(orStreamQuery(stream), orSuccess);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelSyncTest, InlineKernelsMapOnlyTheirDevicesMemory) {
+  REQUIRE_DEVICES(2);
+  void* mine = nullptr;
+  void* other = nullptr;
+  ASSERT_OK(orSetDevice(1));
+  ASSERT_OK(orMalloc(&other, sizeof(int)));
+  ASSERT_OK(orSetDevice(0));
+  ASSERT_OK(orMalloc(&mine, sizeof(int)));
+  struct Args {
+    void* mine;
+    void* other;
+    orError_t other_result;
+  } args{mine, other, orSuccess};
+  ASSERT_OK(orLaunchKernelSync(nullptr, [](void* arg) -> orError_t {
+    auto* a = static_cast<Args*>(arg);
+    void* accessible = nullptr;
+    if (orError_t e = orKernelMapPointer(a->mine, sizeof(int), &accessible)) return e;
+    *static_cast<int*>(accessible) = 1234;
+    a->other_result = orKernelMapPointer(a->other, sizeof(int), &accessible);
+    return orSuccess;
+  }, &args));
+  EXPECT_EQ(args.other_result, orErrorDeviceMismatch);
+  int value = 0;
+  ASSERT_OK(orMemcpy(&value, mine, sizeof(int), orMemcpyDeviceToHost));
+  EXPECT_EQ(value, 1234);
+  // Back on the host, device memory is out of reach again.
+  void* accessible = nullptr;
+  EXPECT_FAILS(orKernelMapPointer(mine, sizeof(int), &accessible), orErrorNotPermitted,
+               "orKernelMapPointer");
+  EXPECT_OK(orFree(mine));
+  ASSERT_OK(orSetDevice(1));
+  EXPECT_OK(orFree(other));
+  ASSERT_OK(orSetDevice(0));
+}
+
+TEST(LaunchKernelSyncTest, WaitsBehindARunningKernelAndRunsAfterIt) {
+  // The stream's only task is running (its queue is empty): the synchronous
+  // launch must queue behind it, not run beside it on the calling thread.
+  orStream_t stream = NewStream();
+  std::promise<void> started, release;
+  std::shared_future<void> release_future = release.get_future().share();
+  std::atomic<int> written{0};
+  ASSERT_OK(LaunchFn(stream, [&started, release_future, &written] {
+    started.set_value();
+    release_future.wait();
+    written.store(1);
+    return orSuccess;
+  }));
+  started.get_future().wait();
+  orDebugCounters before{};
+  ASSERT_OK(orGetDebugCounters(&before));
+  struct Seen {
+    std::atomic<int>* written;
+    int value = -1;
+    std::thread::id thread;
+  } seen{&written};
+  auto launched = std::async(std::launch::async, [stream, &seen] {
+    return orLaunchKernelSync(stream, [](void* arg) -> orError_t {
+      auto* s = static_cast<Seen*>(arg);
+      s->value = s->written->load();
+      s->thread = std::this_thread::get_id();
+      return orSuccess;
+    }, &seen);
+  });
+  // The launch is counted once it has been queued (or run, had it run here).
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  orDebugCounters now{};
+  do {
+    std::this_thread::sleep_for(1ms);
+    ASSERT_OK(orGetDebugCounters(&now));
+  } while (now.kernels_launched == before.kernels_launched &&
+           std::chrono::steady_clock::now() < deadline);
+  ASSERT_GT(now.kernels_launched, before.kernels_launched) << "the launch never returned";
+  release.set_value();
+  EXPECT_EQ(launched.get(), orSuccess);
+  EXPECT_EQ(seen.value, 1) << "the kernel ran before the stream's earlier kernel finished";
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelSyncTest, WorkLaunchedWhileItRunsInlineWaitsForIt) {
+  orStream_t stream = NewStream();
+  ASSERT_OK(orStreamSynchronize(stream));
+  struct Shared {
+    orStream_t stream;
+    std::vector<int> order;
+    orError_t query_inside = orSuccess;
+    orError_t launch_inside = orSuccess;
+  } shared{stream};
+  ASSERT_OK(orLaunchKernelSync(stream, [](void* arg) -> orError_t {
+    auto* s = static_cast<Shared*>(arg);
+    // Another thread launches on the stream while this kernel runs inline.
+    std::thread([s] {
+      s->launch_inside = LaunchFn(s->stream, [s] {
+        s->order.push_back(2);
+        return orSuccess;
+      });
+      s->query_inside = orStreamQuery(s->stream);
+    }).join();
+    s->order.push_back(1);
+    return orSuccess;
+  }, &shared));
+  EXPECT_OK(shared.launch_inside);
+  EXPECT_EQ(shared.query_inside, orErrorNotReady);
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(shared.order, (std::vector<int>{1, 2}));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelSyncTest, ReportsItsKernelsFailureAndAnEarlierOne) {
+  orStream_t stream = NewStream();
+  EXPECT_FAILS(orLaunchKernelSync(stream, [](void*) -> orError_t {
+    orKernelSetError("inline kernel broke");
+    return orErrorKernelFailed;
+  }, nullptr), orErrorKernelFailed, "orLaunchKernelSync", "device 0", "inline kernel broke");
+  EXPECT_OK(orStreamQuery(stream));  // reported once
+  // An earlier queued kernel's failure is reported by the next synchronous launch.
+  ASSERT_OK(LaunchFn(stream, [] {
+    orKernelSetError("queued kernel broke");
+    return orErrorKernelFailed;
+  }));
+  KernelProbe probe{0};
+  EXPECT_FAILS(orLaunchKernelSync(stream, ProbeKernel, &probe), orErrorKernelFailed,
+               "queued kernel broke");
+  EXPECT_EQ(probe.argument, 1);  // it still ran, as a queued kernel would
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST(LaunchKernelSyncTest, IsNotPermittedInsideAKernel) {
+  orStream_t stream = NewStream();
+  orError_t inside = orSuccess;
+  ASSERT_OK(LaunchFn(stream, [&inside] {
+    inside = orLaunchKernelSync(nullptr, [](void*) -> orError_t { return orSuccess; }, nullptr);
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(inside, orErrorNotPermitted);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
 // ------------------------------------------------------------ stream waits
 
 class StreamWaitEventTest : public RuntimeTest {};

@@ -124,7 +124,8 @@ typedef struct orEvent* orEvent_t;
 
 // Copies. Device pointers must lie inside allocations (ranges are checked).
 // orMemcpy runs on the default stream of the device involved and returns when
-// the copy is done; it does not wait for work queued on other streams.
+// the copy (and the default stream's earlier work) is done; it does not wait
+// for work queued on other streams.
 OR_API orError_t orMemcpy(void* dst, const void* src, size_t count,
                           orMemcpyKind kind);
 // Enqueue the copy on `stream` (nullptr: the current device's default stream)
@@ -133,6 +134,12 @@ OR_API orError_t orMemcpy(void* dst, const void* src, size_t count,
 // copy may read or write one other device (an explicit peer copy).
 OR_API orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
                                orMemcpyKind kind, orStream_t stream);
+// orMemcpyAsync followed by orStreamSynchronize, in one call: the copy runs
+// after the work launched on `stream` so far, and the call returns when all of
+// it is done (with the stream's kernel error, if any). On an idle stream the
+// calling thread copies (see orLaunchKernelSync). Kernels may not call it.
+OR_API orError_t orMemcpySync(void* dst, const void* src, size_t count,
+                              orMemcpyKind kind, orStream_t stream);
 OR_API orError_t orMemsetAsync(void* dst, int value, size_t count,
                                orStream_t stream);
 
@@ -161,6 +168,16 @@ OR_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
 // orErrorKernelFailed with the kernel's message (the error is then cleared).
 typedef orError_t (*orKernelFn)(void* arg);
 OR_API orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg);
+// Launches `fn` on `stream` and returns when it, and all work launched on the
+// stream before it, has completed, with what orStreamSynchronize would return
+// then (orErrorKernelFailed with the message when this kernel or an earlier
+// one failed). When the stream is idle the kernel runs on the calling thread,
+// as a kernel of the stream's device (orKernelMapPointer and
+// orKernelCurrentDevice behave as on the worker), which saves the two thread
+// wake-ups of a launch followed by a wait. Work launched on the stream from
+// any thread while it runs waits for it, as it would behind a queued kernel.
+// Kernels may not call it (orErrorNotPermitted).
+OR_API orError_t orLaunchKernelSync(orStream_t stream, orKernelFn fn, void* arg);
 // Inside a kernel: an accessible alias for `count` bytes at a device pointer.
 // Fails unless the caller is a kernel running on a stream of the device that
 // owns the memory, and the range lies inside one allocation.
