@@ -206,7 +206,9 @@ void orStream::complete(std::string error) {
     std::lock_guard<std::mutex> lock(mutex);
     ++completed;
     completed_hint.store(completed, std::memory_order_release);
-    held_back = inline_running && !queue.empty();
+    // The worker waits for the end of an inline task when work is queued
+    // behind it, or when the stream is being destroyed meanwhile.
+    held_back = inline_running && (!queue.empty() || stopping);
     inline_running = false;
     if (!error.empty() && kernel_error.empty()) kernel_error = std::move(error);
   }
@@ -226,7 +228,10 @@ void orStream::run() {
     Task task;
     // Idle: the next task often comes within microseconds (a host launching
     // operators one after another).
-    spin_until([&] { return submitted_hint.load(std::memory_order_acquire) != completed_hint.load(std::memory_order_acquire); });
+    spin_until([&] {
+      return submitted_hint.load(std::memory_order_acquire) !=
+             completed_hint.load(std::memory_order_acquire);
+    });
     {
       std::unique_lock<std::mutex> lock(mutex);
       work_ready.wait(lock, [&] { return !inline_running && (stopping || !queue.empty()); });
@@ -265,8 +270,8 @@ orError_t take_kernel_error(const char* call, const StreamRef& s) {
 
 }  // namespace
 
-orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s, std::function<orError_t()> work,
-                       bool is_kernel) {
+orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s,
+                                         std::function<orError_t()> work, bool is_kernel) {
   if (tls_kernel_device >= 0) {
     return fail(orErrorNotPermitted, "%s: kernels may not wait for work of a stream", call);
   }

@@ -791,6 +791,38 @@ TEST(LaunchKernelSyncTest, WorkLaunchedWhileItRunsInlineWaitsForIt) {
   EXPECT_OK(orStreamDestroy(stream));
 }
 
+TEST(LaunchKernelSyncTest, AStreamDestroyedWhileItsKernelRunsInlineIsDestroyedAfterIt) {
+  // Another thread destroys the stream while an inline kernel runs on it:
+  // the destruction waits for the kernel, and then finishes (the worker,
+  // held back for the kernel, must be told that it ended).
+  orStream_t stream = NewStream();
+  ASSERT_OK(orStreamSynchronize(stream));
+  struct Shared {
+    orStream_t stream;
+    std::shared_ptr<std::promise<orError_t>> destroyed = std::make_shared<std::promise<orError_t>>();
+    bool handle_gone = false;
+  } shared{stream};
+  std::future<orError_t> destroyed = shared.destroyed->get_future();
+  ASSERT_OK(orLaunchKernelSync(stream, [](void* arg) -> orError_t {
+    auto* s = static_cast<Shared*>(arg);
+    // Detached: were the destruction to hang, the test fails instead of hanging too.
+    std::thread([stream = s->stream, done = s->destroyed] { done->set_value(orStreamDestroy(stream)); }).detach();
+    // The handle is unregistered first; the destruction then waits for us.
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    int device = 0;
+    while (orStreamGetDevice(s->stream, &device) == orSuccess &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    s->handle_gone = orStreamGetDevice(s->stream, &device) == orErrorInvalidHandle;
+    return orSuccess;
+  }, &shared));
+  EXPECT_TRUE(shared.handle_gone);
+  ASSERT_EQ(destroyed.wait_for(30s), std::future_status::ready)
+      << "orStreamDestroy hung after the inline kernel ended";
+  EXPECT_OK(destroyed.get());
+}
+
 TEST(LaunchKernelSyncTest, ReportsItsKernelsFailureAndAnEarlierOne) {
   orStream_t stream = NewStream();
   EXPECT_FAILS(orLaunchKernelSync(stream, [](void*) -> orError_t {
