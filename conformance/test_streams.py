@@ -323,19 +323,17 @@ def test_calls_the_host_waits_for_run_after_the_running_task(dt, backend):
     torch.accelerator.synchronize(0)
     load = Load(dt, 0)
     s = new_stream(dt, 0)
-    calls = (
-        ("Tensor.cpu()", lambda: x.cpu(), lambda r: r.tolist() == [0.0, 1.0, 0.0, 2.0]),
-        ("torch.nonzero()", lambda: torch.nonzero(x), lambda r: r.cpu().flatten().tolist() == [1, 3]),
-    )
-    for name, call, correct in calls:
+    # Only when they return is evidence here: their values are the operators'
+    # and copies' own contracts.
+    calls = (("Tensor.cpu()", lambda: x.cpu()), ("torch.nonzero()", lambda: torch.nonzero(x)))
+    for name, call in calls:
         with hold(backend, s, load) as held:
             with s:
-                result, early = waited(lambda: must(call, name), held)
+                _, early = waited(lambda: must(call, name), held)
         s.synchronize()
         check("ST-SYNC-001.3", early is not True,
               f"{name} on a stream whose last task was still running (held) returned before that task finished: "
               "work on one stream ran out of order")
-        check("ST-SYNC-001.3", correct(result), f"{name} returned {result!r}")
 
 
 @contract("ST-SYNC-001")
