@@ -2,9 +2,9 @@
 case the environment turned them off): the first call of an operator with
 new arguments' metadata runs synchronously (the CPU kernel's checks raise
 at the call), later ones return with their results allocated and their kernel
-queued on the current stream, as on a real accelerator; only operators whose
-results' size depends on the data (or that return host values, or draw
-random numbers) wait (docs/reference-backend/streams-and-events.md).
+queued on the current stream, as on a real accelerator, random ones
+included; only operators whose results' size depends on the data (or that
+return host values) wait (docs/reference-backend/streams-and-events.md).
 
 Every observation is made behind a gate (a stream held at a point of its
 queue), so nothing here depends on the machine's speed: while the gate is
@@ -201,6 +201,85 @@ def test_the_first_call_with_new_metadata_waits_and_later_ones_queue():
     s.synchronize()
 
 
+def _random_draws(generator=None):
+    """Random operators of several kinds: factories, in-place fills, a
+    dropout mask, sampling, one with an explicit generator."""
+    ones = torch.ones(300, device="openreg")
+    return [
+        torch.randn(40, device="openreg"),
+        torch.empty(50, device="openreg").uniform_(-2, 3),
+        torch.nn.functional.dropout(ones, 0.5),
+        torch.multinomial(ones[:20], 5),
+        torch.randint(0, 1000, (30,), device="openreg"),
+        torch.bernoulli(ones * 0.3),
+        torch.empty(30, device="openreg").normal_(generator=generator),
+    ]
+
+
+def _reference_draws(seed: int, generator_seed: int):
+    """The draws of _random_draws, unheld, after seeding."""
+    torch.manual_seed(seed)
+    g = torch.Generator(device="openreg").manual_seed(generator_seed)
+    draws = [t.cpu() for t in _random_draws(g)]
+    return draws, torch.openreg.get_rng_state(), g.get_state()
+
+
+def test_random_operators_queue_and_launch_order_alone_decides_their_numbers():
+    """Random operators return while their stream is held, as on CUDA: the
+    host takes each kernel's numbers from the generator at the launch, so
+    reading the generator's state does not wait, and the values are those
+    of the same launches made without a held stream."""
+    s = Stream()
+    with torch.openreg.stream(s):
+        _reference_draws(0, 0)  # the first calls with these metadata run synchronously
+        expected, state, g_state = _reference_draws(3, 4)
+    launches = openreg._C._async_operator_launches()
+    with Gate(s) as gate:
+        def held():
+            torch.manual_seed(3)
+            g = torch.Generator(device="openreg").manual_seed(4)
+            return _random_draws(g), torch.openreg.get_rng_state(), g.get_state()
+        draws, held_state, held_g_state = on(s, held).value(timeout=10)
+        assert not s.query(), "the stream is idle although its random kernels are held"
+        assert openreg._C._async_operator_launches() - launches >= len(expected)
+        assert torch.equal(held_state, state), "the generator's state read before the kernels ran differs"
+        assert torch.equal(held_g_state, g_state)
+        gate.open()
+        s.synchronize()
+    for e, d in zip(expected, draws):
+        assert torch.equal(d.cpu(), e), "a queued random operator drew other numbers than unheld"
+
+
+def test_random_numbers_do_not_depend_on_which_stream_runs_first():
+    """Two streams draw from one generator; the first launched is held while
+    the second runs. Each gets the numbers of its place in launch order."""
+    a, b = Stream(), Stream()
+    for st in (a, b):
+        with torch.openreg.stream(st):
+            torch.randn(64, device="openreg")
+    torch.openreg.synchronize()
+    torch.manual_seed(8)
+    first, second = torch.randn(64, device="openreg").cpu(), torch.randn(64, device="openreg").cpu()
+    torch.manual_seed(8)
+    with Gate(a) as gate:
+        x = on(a, lambda: torch.randn(64, device="openreg")).value(timeout=10)
+        y = on(b, lambda: torch.randn(64, device="openreg")).value(timeout=10)
+        b.synchronize()  # runs while a's kernel is still held
+        gate.open()
+        a.synchronize()
+    assert torch.equal(x.cpu(), first) and torch.equal(y.cpu(), second)
+
+
+def test_random_numbers_are_the_same_with_asynchronous_operators_off():
+    torch.openreg.synchronize()
+    on_draws, on_state, _ = _reference_draws(5, 6)
+    openreg._C._set_async_operators(False)
+    off_draws, off_state, _ = _reference_draws(5, 6)
+    for x, y in zip(on_draws, off_draws):
+        assert torch.equal(x, y)
+    assert torch.equal(on_state, off_state)
+
+
 def test_errors_only_the_cpu_kernel_checks_are_raised_at_the_call():
     """gelu's Meta kernel does not check approximate=, its CPU kernel does:
     the first call with that argument runs synchronously and raises, also
@@ -360,6 +439,8 @@ def test_queued_calls_give_the_cpus_results_across_the_default_operators():
             continue  # random: two calls differ on the CPU too
         before = openreg._C._async_operator_launches()
         for sample in list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:3]:
+            if sample.kwargs.get("dropout_p", 0) > 0:
+                continue  # random: the device's numbers are not the CPU's (docs/reference-backend/rng.md)
             cpu = [sample.input, *sample.args]
             expected = flat(op(*cpu, **sample.kwargs))
             for call in range(2):

@@ -3,7 +3,11 @@
 // tensors (see DeviceKernel.h), on the current stream of the tensors' device.
 //
 // * Random operators draw from the device's generator: a missing generator
-//   argument becomes the device's default generator (its CPU state).
+//   argument becomes the device's default generator. At the launch, on the
+//   host, each random kernel gets a CPU generator of its own whose state is
+//   the next words of that generator's sequence (kernel_generator), so
+//   random operators queue too, and launch order alone decides their
+//   numbers.
 // * Results that alias an input (views, in-place and out= results) alias the
 //   device storage; fresh results are moved to the device.
 // * out= arguments that must grow are grown on the device first (the needed
@@ -187,21 +191,26 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
   return grew;
 }
 
-// Worker side: replaces device tensors by aliases and device generators by
-// their CPU state.
-c10::IValue to_cpu(const c10::IValue& value, const c10::Argument& argument,
-                   AliasBuilder& builder, c10::DeviceIndex device) {
-  if (is_optional_generator(argument)) {
-    if (value.isNone()) {
-      if (mutant::is("random-ops-use-cpu-generator")) return c10::IValue();  // CPU default generator
-      return cpu_state_of(default_generator(device));
-    }
-    const at::Generator generator = value.toGenerator();
-    TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
-                "Expected a 'openreg' device type for generator but found '",
-                generator.device().type(), "'");
-    return cpu_state_of(generator);
+// Host side, at a random kernel's launch: the generator its CPU kernel gets
+// for a `Generator?` argument: a CPU generator of its own, whose state is the
+// next words of the OpenReg generator's sequence (the device's default one
+// for None). Rejects generators of another device type, at the call.
+c10::IValue kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
+  if (value.isNone()) {
+    if (mutant::is("random-ops-use-cpu-generator")) return c10::IValue();  // CPU default generator
+    return kernel_generator(default_generator(device));
   }
+  const at::Generator generator = value.toGenerator();
+  TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
+              "Expected a 'openreg' device type for generator but found '",
+              generator.device().type(), "'");
+  return kernel_generator(generator);
+}
+
+// Worker side: replaces device tensors by aliases. (Generators were
+// replaced on the host: kernel_generator_for.)
+c10::IValue to_cpu(const c10::IValue& value, const c10::Argument& argument,
+                   AliasBuilder& builder) {
   if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     return on_openreg(t) ? builder.alias(t) : t;
@@ -328,8 +337,7 @@ void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector
 // kernel or whose Meta kernel fails (the CPU kernel raises its own error, at
 // the call), results whose size depends on the data (nonzero,
 // masked_select, unique: Meta cannot tell), results that are not tensors
-// (item, equal), random operators (their generator's state is read and
-// advanced on the host's side of the call), written arguments whose geometry
+// (item, equal), written arguments whose geometry
 // Meta changes (an out= to resize), and CPU tensors of more than 0
 // dimensions. Structured operators (add, mm, ...) reach the fallback as
 // their out= variant, with the result already allocated at its size.
@@ -353,9 +361,6 @@ bool is_tensor_list_type(const c10::TypePtr& type) {
 
 // Whether the schema allows the asynchronous path at all.
 bool schema_may_run_async(const c10::FunctionSchema& schema) {
-  for (const c10::Argument& argument : schema.arguments()) {
-    if (is_optional_generator(argument)) return false;
-  }
   for (const c10::Argument& ret : schema.returns()) {
     if (!is_tensor_type(ret.type()) && !is_tensor_list_type(ret.type())) return false;
   }
@@ -365,8 +370,8 @@ bool schema_may_run_async(const c10::FunctionSchema& schema) {
 // An argument of a queued kernel: a plain value, or device tensors held as
 // TensorRefs (an index into the kernel's refs), or copies of CPU scalars.
 struct QueuedArg {
-  enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kValue;
-  c10::IValue value;              // kValue (a CPU 0-dim tensor is copied)
+  enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList, kGenerator } kind = Kind::kValue;
+  c10::IValue value;              // kValue (a CPU 0-dim tensor is copied); kGenerator: the kernel's own
   std::vector<int> refs;          // per element: index into refs, or -1
   std::vector<at::Tensor> cpu;    // per element, where refs is -1: a CPU tensor (copied), undefined, or None
   std::vector<bool> none;         // kOptionalTensorList: which elements are None
@@ -538,7 +543,7 @@ at::Tensor device_tensor_with(const c10::Storage& storage, const Geometry& g) {
 // tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
 // freed on the worker without Python or the device allocator.
 bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
-                      PendingAnswer& pending) {
+                      c10::DeviceIndex generator_device, PendingAnswer& pending) {
   const auto& schema = op.schema();
   if (!async_operators_on.load(std::memory_order_relaxed)) return false;
   // Mutant fallback-synchronous-operators: every operator waits, while the
@@ -607,7 +612,19 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
       key.insert(key.end(), {2, static_cast<int64_t>(t.scalar_type()), raw[0], raw[1],
                              t.unsafeGetTensorImpl()->is_wrapped_number()});
     };
-    if (value.isTensor()) {
+    if (is_optional_generator(schema.arguments()[i])) {
+      // Its kernel's generator is made at the launch below, once nothing
+      // can send the call to the synchronous path any more (which draws
+      // its own): each call draws once. Which generator does not matter to
+      // the Meta kernel; one of another device type is for the synchronous
+      // path to reject.
+      if (!value.isNone() && !(value.isGenerator() &&
+                               value.toGenerator().device().type() == c10::DeviceType::PrivateUse1)) {
+        return false;
+      }
+      q.kind = QueuedArg::Kind::kGenerator;
+      key.push_back(15);
+    } else if (value.isTensor()) {
       q.kind = QueuedArg::Kind::kTensor;
       add_tensor(value.toTensor());
     } else if (value.isTensorList()) {
@@ -667,7 +684,9 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     torch::jit::Stack meta_stack;
     for (size_t i = 0; i < num_args; ++i) {
       const c10::IValue& value = args[i];
-      if (value.isTensor()) {
+      if (queued[i].kind == QueuedArg::Kind::kGenerator) {
+        meta_stack.push_back(c10::IValue());
+      } else if (value.isTensor()) {
         meta_stack.push_back(meta_of(value.toTensor()));
       } else if (value.isTensorList()) {
         c10::List<at::Tensor> list;
@@ -822,6 +841,11 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   // fresh results copied into the preallocated ones.
   // Mutant ops-on-default-stream: computation too goes to the default stream.
   const c10::Stream stream = mutant::is("ops-on-default-stream") ? default_stream(device) : current_stream(device);
+  for (size_t i = 0; i < num_args; ++i) {
+    if (queued[i].kind == QueuedArg::Kind::kGenerator) {
+      queued[i].value = kernel_generator_for(args[i], generator_device);
+    }
+  }
   async_launches.fetch_add(1, std::memory_order_relaxed);
   launch_kernel(stream, [handle = op, refs = std::move(refs), queued = std::move(queued),
                                          queued_outputs = std::move(queued_outputs)] {
@@ -839,6 +863,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     for (const QueuedArg& q : queued) {
       switch (q.kind) {
         case QueuedArg::Kind::kValue:
+        case QueuedArg::Kind::kGenerator:
           cpu_stack.push_back(q.value);
           break;
         case QueuedArg::Kind::kTensor:
@@ -941,7 +966,17 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
               "a CPU kernel to fall back on");
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
   PendingAnswer pending;
-  if (try_launch_async(op, stack, device, pending)) return;
+  if (try_launch_async(op, stack, device, generator_device, pending)) return;
+
+  // The random kernel's generators, made once here, on the host, in launch
+  // order; each run of the kernel (a second one after an out= grew) starts
+  // from a copy of their state.
+  std::vector<c10::IValue> generators(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    if (is_optional_generator(schema.arguments()[i])) {
+      generators[i] = kernel_generator_for(args[i], generator_device);
+    }
+  }
 
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
@@ -955,7 +990,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (size_t i = 0; i < num_args; ++i) {
         cpu_args.push_back(host_out[i]
             ? c10::IValue(at::empty({0}, args[i].toTensor().options().device(c10::kCPU)))
-            : to_cpu(args[i], schema.arguments()[i], builder, generator_device));
+            : is_optional_generator(schema.arguments()[i])
+            ? (generators[i].isNone() ? c10::IValue() : c10::IValue(generators[i].toGenerator().clone()))
+            : to_cpu(args[i], schema.arguments()[i], builder));
         // Mutant fallback-cpu-out-written-to-copy: a CPU out= tensor is accepted, and the result lost in a copy of it.
         if (mutant::is("fallback-cpu-out-written-to-copy") && writes(schema.arguments()[i]) &&
             args[i].isTensor() && args[i].toTensor().is_cpu()) cpu_args.back() = args[i].toTensor().clone();

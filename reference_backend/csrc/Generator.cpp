@@ -5,6 +5,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>
+#include <ATen/core/MT19937RNGEngine.h>
 
 #include <memory>
 #include <mutex>
@@ -105,6 +106,32 @@ at::Generator cpu_state_of(const at::Generator& generator) {
               "OpenReg: expected a generator of an OpenReg device, but got one of ",
               generator.device());
   return generator.get<OpenRegGeneratorImpl>()->cpu();
+}
+
+}  // namespace openreg
+
+namespace openreg {
+
+at::Generator kernel_generator(const at::Generator& generator) {
+  at::Generator cpu = cpu_state_of(generator);
+  auto* source = at::check_generator<at::CPUGeneratorImpl>(cpu);
+  at::mt19937_data_pod data{};
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    for (uint32_t& word : data.state_) word = source->random();
+  }
+  // As the reference seeding does: the top bit of the first word set, so
+  // that the state is never all zeros.
+  data.state_[0] |= 0x80000000u;
+  data.seed_ = generator.current_seed();
+  data.seeded_ = true;
+  data.left_ = 1;  // the first draw twists the state
+  data.next_ = 0;
+  at::mt19937 engine;
+  engine.set_data(data);
+  at::Generator result = at::make_generator<at::CPUGeneratorImpl>();
+  result.get<at::CPUGeneratorImpl>()->set_engine(engine);
+  return result;
 }
 
 }  // namespace openreg
