@@ -160,6 +160,20 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(orDeviceSynchronize(openreg::resolve_device_index(device)));
   });
 
+  // Device loss (docs/reference-backend/runtime.md, "Device loss"): a fault
+  // injected into one device, after which every call on it raises.
+  m.def("_inject_device_fault", [](const py::object& index, const std::string& cause) {
+    const auto device = openreg::resolve_device_index(to_index(index, "device", true));
+    py::gil_scoped_release no_gil;
+    OPENREG_CHECK(orDeviceInjectFault(device, cause.c_str()));
+  }, py::arg("device"), py::arg("cause") = "");
+  m.def("_is_device_lost", [](const py::object& index) {
+    const auto device = openreg::resolve_device_index(to_index(index, "device", true));
+    int lost = 0;
+    OPENREG_CHECK(orDeviceIsLost(device, &lost));
+    return lost != 0;
+  }, py::arg("device"));
+
   // Generators: the same objects PyTorch's random operators use.
   m.def("_default_generator", [](const py::object& index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(

@@ -185,6 +185,7 @@ orError_t get_device(const char* call, int device, Device** out) {
   Device* d = g_devices[device].load(std::memory_order_acquire);
   if (d) {
     *out = d;
+    if (d->lost.load(std::memory_order_acquire)) return fail_lost(call, device);
     return orSuccess;
   }
   std::lock_guard<std::mutex> lock(g_init_mutex);
@@ -197,7 +198,7 @@ orError_t get_device(const char* call, int device, Device** out) {
       return fail(orErrorMemoryAllocation, "%s: cannot initialize device %d: %s",
                   call, device, error.c_str());
     }
-    StreamRef stream = new_stream(device, 0, /*is_default=*/true);
+    StreamRef stream = new_stream(fresh, 0, /*is_default=*/true);
     fresh->default_stream = stream;
     fresh->streams.push_back(stream);
     g_devices[device].store(fresh, std::memory_order_release);
@@ -206,7 +207,25 @@ orError_t get_device(const char* call, int device, Device** out) {
     d = fresh;
   }
   *out = d;
+  if (d->lost.load(std::memory_order_acquire)) return fail_lost(call, device);
   return orSuccess;
+}
+
+bool device_lost(int device) {
+  Device* d = device_if_initialized(device);
+  return d && d->lost.load(std::memory_order_acquire);
+}
+
+orError_t fail_lost(const char* call, int device) {
+  Device* d = device_if_initialized(device);
+  std::string cause;
+  if (d) {
+    std::lock_guard<std::mutex> lock(d->lost_mutex);
+    cause = d->lost_cause;
+  }
+  return fail(orErrorDeviceLost, "%s: OpenReg device %d was lost: %s. Its memory and queued work "
+              "are gone and every later call on it fails; the other devices keep working",
+              call, device, cause.c_str());
 }
 
 Device* device_owning(const void* ptr) {
@@ -239,6 +258,7 @@ const char* orGetErrorName(orError_t error) {
     case orErrorForkedProcess: return "orErrorForkedProcess";
     case orErrorKernelFailed: return "orErrorKernelFailed";
     case orErrorNotPermitted: return "orErrorNotPermitted";
+    case orErrorDeviceLost: return "orErrorDeviceLost";
   }
   return "orErrorUnknown";
 }
@@ -302,6 +322,7 @@ orError_t orDeviceSynchronize(int device) {
   if (orError_t e = check_not_forked("orDeviceSynchronize")) return e;
   Device* d = device_if_initialized(device);
   if (!d) return orSuccess;
+  if (d->lost.load(std::memory_order_acquire)) return fail_lost("orDeviceSynchronize", device);
   std::vector<StreamRef> streams;
   {
     std::lock_guard<std::mutex> lock(d->streams_mutex);
@@ -334,6 +355,7 @@ orError_t orDeviceGetMemoryInfo(int device, size_t* free_bytes,
   // Answering does not need the device: an uninitialized device is all free.
   const size_t total = config().device_memory;
   Device* d = device_if_initialized(device);
+  if (d && d->lost.load(std::memory_order_acquire)) return fail_lost("orDeviceGetMemoryInfo", device);
   *total_bytes = total;
   *free_bytes = d ? total - d->arena.used() : total;
   return orSuccess;
@@ -346,6 +368,47 @@ orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest) {
   }
   *least = 0;
   *greatest = -1;
+  return orSuccess;
+}
+
+orError_t orDeviceInjectFault(int device, const char* cause) {
+  const char* call = "orDeviceInjectFault";
+  if (orKernelCurrentDevice() >= 0) {
+    return fail(orErrorNotPermitted, "%s: kernels may not lose devices", call);
+  }
+  Device* d = nullptr;
+  const orError_t e = get_device(call, device, &d);
+  if (e == orErrorDeviceLost) {
+    clear_last_error();
+    return orSuccess;  // the first cause stays
+  }
+  if (e != orSuccess) return e;
+  {
+    std::lock_guard<std::mutex> lock(d->lost_mutex);
+    if (d->lost.load(std::memory_order_acquire)) return orSuccess;
+    d->lost_cause = cause && *cause ? cause : "a fault injected by orDeviceInjectFault";
+    d->lost.store(true, std::memory_order_release);
+  }
+  // Wake every thread waiting for one of its streams, and its workers: taking
+  // each stream's mutex after setting the flag means no waiter can check the
+  // flag before it was set and then sleep through this notification.
+  std::vector<StreamRef> streams;
+  {
+    std::lock_guard<std::mutex> lock(d->streams_mutex);
+    streams = d->streams;
+  }
+  for (const StreamRef& s : streams) {
+    { std::lock_guard<std::mutex> lock(s->mutex); }
+    s->work_done.notify_all();
+    s->work_ready.notify_all();
+  }
+  return orSuccess;
+}
+
+orError_t orDeviceIsLost(int device, int* lost) {
+  if (!lost) return fail(orErrorInvalidValue, "orDeviceIsLost: lost is null");
+  if (orError_t e = check_device("orDeviceIsLost", "device", device)) return e;
+  *lost = device_lost(device) ? 1 : 0;
   return orSuccess;
 }
 

@@ -121,6 +121,9 @@ struct orStream {
   static constexpr uint32_t kLive = 0x5354524d;  // "STRM"
   std::atomic<uint32_t> magic{kLive};
   int device = 0;
+  // The device's lost flag (Device::lost): waiters stop waiting and the
+  // worker stops running tasks once it is set.
+  const std::atomic<bool>* lost = nullptr;
   int priority = 0;
   bool is_default = false;
 
@@ -173,7 +176,16 @@ struct Device {
   std::shared_ptr<orStream> default_stream;
   std::mutex streams_mutex;
   std::vector<std::shared_ptr<orStream>> streams;  // live, default included
+  // Device loss (orDeviceInjectFault): set once, never cleared.
+  std::atomic<bool> lost{false};
+  std::mutex lost_mutex;
+  std::string lost_cause;
 };
+
+// Fails with orErrorDeviceLost, naming `call`, the device and the cause.
+orError_t fail_lost(const char* call, int device);
+// Whether `device` was lost (false for an uninitialized device).
+bool device_lost(int device);
 
 // The device if initialized, else nullptr. Never initializes.
 Device* device_if_initialized(int device);
@@ -189,15 +201,17 @@ Device* device_owning(const void* ptr);
 using StreamRef = std::shared_ptr<orStream>;
 using EventRef = std::shared_ptr<orEvent>;
 
-// Creates a stream with its worker thread and registers its handle.
-StreamRef new_stream(int device, int priority, bool is_default);
+// Creates a stream of `device` with its worker thread and registers its handle.
+StreamRef new_stream(Device* device, int priority, bool is_default);
 
 // Resolves nullptr to the current device's default stream and validates.
-orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out);
+// A stream of a lost device fails (orErrorDeviceLost) unless `allow_lost`.
+orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out,
+                         bool allow_lost = false);
 
-// Validates an event handle.
+// Validates an event handle; an event of a lost device fails unless `allow_lost`.
 orError_t resolve_event(const char* call, const char* argument, orEvent_t event,
-                        EventRef* out);
+                        EventRef* out, bool allow_lost = false);
 
 // Runs `work` as the next task of `s` and returns when it and everything
 // before it has completed, with the stream's sticky error (as

@@ -198,6 +198,7 @@ orError_t check_device_range(const char* call, const char* argument,
                 "%s: %s=%p (%zu bytes) is not inside a live OpenReg device "
                 "allocation", call, argument, ptr, count);
   }
+  if (d->lost.load(std::memory_order_acquire)) return fail_lost(call, d->index);
   *owner = d;
   return orSuccess;
 }

@@ -57,9 +57,11 @@ void name_thread(std::thread& t, int device, const void* stream, bool is_default
 
 }  // namespace
 
-StreamRef new_stream(int device, int priority, bool is_default) {
+StreamRef new_stream(Device* d, int priority, bool is_default) {
+  const int device = d->index;
   auto s = std::make_shared<orStream>();
   s->device = device;
+  s->lost = &d->lost;
   s->priority = priority;
   s->is_default = is_default;
   // The worker may use the raw pointer: the object outlives it (destroying a
@@ -74,22 +76,26 @@ StreamRef new_stream(int device, int priority, bool is_default) {
 }
 
 orError_t resolve_event(const char* call, const char* argument, orEvent_t event,
-                        EventRef* out) {
+                        EventRef* out, bool allow_lost) {
   {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.events.find(event);
     if (it != r.events.end()) {
       *out = it->second;
-      return orSuccess;
     }
+  }
+  if (*out) {
+    if (!allow_lost && device_lost((*out)->device)) return fail_lost(call, (*out)->device);
+    return orSuccess;
   }
   return fail(orErrorInvalidHandle, "%s: %s=%p is not a live OpenReg event "
               "(destroyed or never created)", call, argument,
               static_cast<void*>(event));
 }
 
-orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out) {
+orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out,
+                         bool allow_lost) {
   if (orError_t e = check_not_forked(call)) return e;
   if (!stream) {
     int device = 0;
@@ -104,6 +110,9 @@ orError_t resolve_stream(const char* call, orStream_t stream, StreamRef* out) {
     return fail(orErrorInvalidHandle, "%s: stream=%p is not a live OpenReg "
                 "stream (destroyed or never created)", call,
                 static_cast<void*>(stream));
+  }
+  if (!allow_lost && found->lost->load(std::memory_order_acquire)) {
+    return fail_lost(call, found->device);
   }
   *out = std::move(found);
   return orSuccess;
@@ -159,9 +168,13 @@ bool orStream::reached(uint64_t seq) {
 }
 
 void orStream::wait_for(uint64_t seq) {
-  spin_until([&] { return completed_hint.load(std::memory_order_acquire) >= seq; });
+  // A lost device's running kernel may never end: waiters stop waiting at the
+  // loss (orDeviceInjectFault wakes them).
+  spin_until([&] {
+    return completed_hint.load(std::memory_order_acquire) >= seq || lost->load(std::memory_order_acquire);
+  });
   std::unique_lock<std::mutex> lock(mutex);
-  work_done.wait(lock, [&] { return completed >= seq; });
+  work_done.wait(lock, [&] { return completed >= seq || lost->load(std::memory_order_acquire); });
 }
 
 namespace openreg::runtime {
@@ -245,7 +258,8 @@ void orStream::run() {
       }
     }
     std::string error;
-    if (task.work) error = execute(device, task.work);
+    // A lost device runs nothing more: its queued tasks retire unrun.
+    if (task.work && !lost->load(std::memory_order_acquire)) error = execute(device, task.work);
     if (task.marker) {
       task.marker->time = std::chrono::steady_clock::now();
       task.marker->done.store(true, std::memory_order_release);
@@ -258,6 +272,7 @@ namespace {
 
 // Returns (and clears) the sticky kernel error of `s`, if any.
 orError_t take_kernel_error(const char* call, const StreamRef& s) {
+  if (s->lost->load(std::memory_order_acquire)) return fail_lost(call, s->device);
   std::string error;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
@@ -317,7 +332,7 @@ orError_t create_stream(orStream_t* stream, int priority, const char* call) {
   if (orError_t e = current_device(call, &device)) return e;
   Device* d = nullptr;
   if (orError_t e = get_device(call, device, &d)) return e;
-  StreamRef s = new_stream(device, priority, /*is_default=*/false);
+  StreamRef s = new_stream(d, priority, /*is_default=*/false);
   {
     std::lock_guard<std::mutex> lock(d->streams_mutex);
     d->streams.push_back(s);
@@ -345,7 +360,7 @@ orError_t orStreamDestroy(orStream_t stream) {
                 "cannot be destroyed)", call);
   }
   StreamRef s;
-  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (orError_t e = resolve_stream(call, stream, &s, /*allow_lost=*/true)) return e;
   if (s->is_default) {
     return fail(orErrorNotPermitted, "%s: the default stream of device %d "
                 "cannot be destroyed", call, s->device);
@@ -389,7 +404,7 @@ orError_t orStreamGetDefault(int device, orStream_t* stream) {
 orError_t orStreamGetDevice(orStream_t stream, int* device) {
   if (!device) return fail(orErrorInvalidValue, "orStreamGetDevice: device is null");
   StreamRef s;
-  if (orError_t e = resolve_stream("orStreamGetDevice", stream, &s)) return e;
+  if (orError_t e = resolve_stream("orStreamGetDevice", stream, &s, /*allow_lost=*/true)) return e;
   *device = s->device;
   return orSuccess;
 }
@@ -399,7 +414,7 @@ orError_t orStreamGetPriority(orStream_t stream, int* priority) {
     return fail(orErrorInvalidValue, "orStreamGetPriority: priority is null");
   }
   StreamRef s;
-  if (orError_t e = resolve_stream("orStreamGetPriority", stream, &s)) return e;
+  if (orError_t e = resolve_stream("orStreamGetPriority", stream, &s, /*allow_lost=*/true)) return e;
   *priority = s->priority;
   return orSuccess;
 }
@@ -550,7 +565,7 @@ orError_t orEventDestroy(orEvent_t event) {
 orError_t orEventGetDevice(orEvent_t event, int* device) {
   if (!device) return fail(orErrorInvalidValue, "orEventGetDevice: device is null");
   EventRef e;
-  if (orError_t r = resolve_event("orEventGetDevice", "event", event, &e)) return r;
+  if (orError_t r = resolve_event("orEventGetDevice", "event", event, &e, /*allow_lost=*/true)) return r;
   *device = e->device;
   return orSuccess;
 }
@@ -596,6 +611,7 @@ orError_t orEventSynchronize(orEvent_t event) {
     seq = e->seq;
   }
   if (s) s->wait_for(seq);
+  if (device_lost(e->device)) return fail_lost("orEventSynchronize", e->device);
   return orSuccess;
 }
 

@@ -49,6 +49,7 @@ TEST(ErrorNameTest, NamesEveryErrorCode) {
       {orErrorForkedProcess, "orErrorForkedProcess"},
       {orErrorKernelFailed, "orErrorKernelFailed"},
       {orErrorNotPermitted, "orErrorNotPermitted"},
+      {orErrorDeviceLost, "orErrorDeviceLost"},
   };
   for (const auto& [code, name] : names) EXPECT_STREQ(orGetErrorName(code), name);
 }
@@ -707,6 +708,161 @@ TEST(ForkTest, ChildOfAnInitializedProcessCannotUseDevices) {
 
 TEST_F(FreshProcessDeathTest, ChildForkedBeforeInitializationCanUseDevices) {
   EXPECT_IN_FRESH_PROCESS(CheckForkBeforeInitialization());
+}
+
+}  // namespace
+}  // namespace openreg_test
+
+// ------------------------------------------------------------ device loss
+// Each in a fresh process: a lost device stays lost until the process ends.
+
+namespace openreg_test {
+namespace {
+
+int IsLost(int device) {
+  int lost = -1;
+  orDeviceIsLost(device, &lost);
+  return lost;
+}
+
+// Device 1 is lost while a kernel of its runs (held by a gate) with more work
+// queued behind it, a thread waits for it, and a stream of device 0 waits for
+// one of its events.
+[[noreturn]] void CheckDeviceLossInTheMiddleOfQueuedWork() {
+  SetConfig("2", "64M");
+  ChildReport report;
+  const std::vector<std::string> lost_message{"device 1", "was lost", "the test's cause"};
+  auto expect_lost = [&](orError_t result, const char* call) {
+    report.ExpectFails(result, orErrorDeviceLost, {call, "device 1", "was lost", "the test's cause"},
+                       std::string(call) + " on the lost device");
+  };
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1)");
+  void* buffer = nullptr;
+  report.ExpectOk(orMalloc(&buffer, 4096), "orMalloc on device 1");
+  orStream_t stream = nullptr;
+  report.ExpectOk(orStreamCreate(&stream), "orStreamCreate on device 1");
+  orEvent_t event = nullptr;
+  report.ExpectOk(orEventCreate(&event), "orEventCreate on device 1");
+  Gate gate;
+  report.ExpectOk(gate.Block(stream), "a gate on device 1");
+  std::atomic<bool> queued_ran{false};
+  report.ExpectOk(LaunchFn(stream, [&] { queued_ran = true; return orSuccess; }),
+                  "a kernel queued behind the gate");
+  report.ExpectOk(orEventRecord(event, stream), "orEventRecord behind the gate");
+  // Device 0 waits for device 1's event.
+  report.ExpectOk(orSetDevice(0), "orSetDevice(0)");
+  orStream_t consumer = nullptr;
+  report.ExpectOk(orStreamCreate(&consumer), "orStreamCreate on device 0");
+  report.ExpectOk(orStreamWaitEvent(consumer, event), "device 0 waits for device 1's event");
+  std::atomic<bool> consumer_ran{false};
+  report.ExpectOk(LaunchFn(consumer, [&] { consumer_ran = true; return orSuccess; }),
+                  "a kernel of device 0 behind the wait");
+  auto waiter = std::async(std::launch::async, [&] { return CaptureCall([&] { return orStreamSynchronize(stream); }); });
+  report.Expect(IsLost(1) == 0 && IsLost(0) == 0, "no device is lost before the fault");
+
+  report.ExpectOk(orDeviceInjectFault(1, "the test's cause"), "orDeviceInjectFault(1)");
+  report.Expect(IsLost(1) == 1 && IsLost(0) == 0, "orDeviceIsLost tells device 1 only");
+  // The waiter wakes although the gate still holds the running kernel.
+  const bool woke = waiter.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  report.Expect(woke, "a thread waiting for the lost device's stream woke (the kernel still runs)");
+  if (woke) {
+    report.Expect(static_cast<bool>(FailedWith(waiter.get(), orErrorDeviceLost, {"orStreamSynchronize", "device 1", "the test's cause"})),
+                  "the waiter's orStreamSynchronize failed with orErrorDeviceLost naming the device and cause");
+  }
+  // Device 0 goes on: its wait for the lost device's event ends.
+  report.ExpectOk(orStreamSynchronize(consumer), "orStreamSynchronize of device 0's stream");
+  report.Expect(consumer_ran.load(), "device 0's kernel behind the wait ran");
+
+  // Every call on device 1 fails, naming the device and the cause.
+  int zero = 0;
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1) on a lost device");
+  void* more = nullptr;
+  expect_lost(orMalloc(&more, 64), "orMalloc");
+  expect_lost(orStreamQuery(stream), "orStreamQuery");
+  expect_lost(orStreamSynchronize(stream), "orStreamSynchronize");
+  expect_lost(orStreamSynchronize(nullptr), "orStreamSynchronize");
+  expect_lost(LaunchFn(stream, [] { return orSuccess; }), "orLaunchKernel");
+  expect_lost(orLaunchKernelSync(stream, [](void*) { return orSuccess; }, nullptr), "orLaunchKernelSync");
+  expect_lost(orMemcpy(&zero, buffer, sizeof zero, orMemcpyDeviceToHost), "orMemcpy");
+  expect_lost(orMemsetAsync(buffer, 0, 16, nullptr), "orMemsetAsync");
+  expect_lost(orEventQuery(event), "orEventQuery");
+  expect_lost(orEventSynchronize(event), "orEventSynchronize");
+  expect_lost(orEventRecord(event, stream), "orEventRecord");
+  expect_lost(orStreamWaitEvent(consumer, event), "orStreamWaitEvent");
+  expect_lost(orDeviceSynchronize(1), "orDeviceSynchronize");
+  size_t free_bytes = 0, total_bytes = 0;
+  expect_lost(orDeviceGetMemoryInfo(1, &free_bytes, &total_bytes), "orDeviceGetMemoryInfo");
+  orStream_t another = nullptr;
+  expect_lost(orStreamCreate(&another), "orStreamCreate");
+  orEvent_t another_event = nullptr;
+  expect_lost(orEventCreate(&another_event), "orEventCreate");
+  orStream_t default_stream = nullptr;
+  expect_lost(orStreamGetDefault(1, &default_stream), "orStreamGetDefault");
+  // A second fault keeps the first cause.
+  report.ExpectOk(orDeviceInjectFault(1, "another cause"), "orDeviceInjectFault(1) again");
+  expect_lost(orDeviceSynchronize(1), "orDeviceSynchronize");
+
+  // Handles can still be described and released.
+  int device = -1, priority = 1;
+  report.ExpectOk(orStreamGetDevice(stream, &device), "orStreamGetDevice");
+  report.Expect(device == 1, "orStreamGetDevice says 1");
+  report.ExpectOk(orStreamGetPriority(stream, &priority), "orStreamGetPriority");
+  report.ExpectOk(orEventGetDevice(event, &device), "orEventGetDevice");
+  orPointerAttributes attributes{};
+  report.ExpectOk(orPointerGetAttributes(&attributes, buffer), "orPointerGetAttributes");
+  report.ExpectOk(orFree(buffer), "orFree of the lost device's memory");
+  report.ExpectOk(orEventDestroy(event), "orEventDestroy");
+  gate.Open();  // the running kernel ends; what was queued behind it retires unrun
+  report.ExpectOk(orStreamDestroy(stream), "orStreamDestroy");
+  report.Expect(!queued_ran.load(), "work queued on the lost device never ran");
+
+  // Device 0 works.
+  report.ExpectOk(orSetDevice(0), "orSetDevice(0)");
+  void* alive = nullptr;
+  report.ExpectOk(orMalloc(&alive, 4096), "orMalloc on device 0");
+  const int value = 42;
+  int back = 0;
+  report.ExpectOk(orMemcpy(alive, &value, sizeof value, orMemcpyHostToDevice), "orMemcpy H2D on device 0");
+  report.ExpectOk(orMemcpy(&back, alive, sizeof back, orMemcpyDeviceToHost), "orMemcpy D2H on device 0");
+  report.Expect(back == 42, "device 0's memory holds what was written");
+  report.ExpectOk(orDeviceGetMemoryInfo(0, &free_bytes, &total_bytes), "orDeviceGetMemoryInfo(0)");
+  report.ExpectOk(orDeviceSynchronize(0), "orDeviceSynchronize(0)");
+  report.ExpectOk(orStreamDestroy(consumer), "orStreamDestroy on device 0");
+  report.ExpectOk(orFree(alive), "orFree on device 0");
+  report.Finish();
+}
+
+[[noreturn]] void CheckDeviceLossOfAnUnusedDevice() {
+  SetConfig("2", "64M");
+  ChildReport report;
+  report.ExpectOk(orDeviceInjectFault(1, nullptr), "orDeviceInjectFault of an uninitialized device");
+  report.ExpectFails(orDeviceInit(1), orErrorDeviceLost,
+                     {"orDeviceInit", "device 1", "a fault injected by orDeviceInjectFault"},
+                     "orDeviceInit of the lost device");
+  report.ExpectFails(orDeviceInjectFault(2, nullptr), orErrorInvalidDevice,
+                     {"orDeviceInjectFault", "device=2", "[0, 2)"}, "orDeviceInjectFault(2)");
+  int lost = 0;
+  report.ExpectFails(orDeviceIsLost(5, &lost), orErrorInvalidDevice, {"orDeviceIsLost", "device=5"},
+                     "orDeviceIsLost(5)");
+  report.ExpectFails(orDeviceIsLost(0, nullptr), orErrorInvalidValue, {"orDeviceIsLost", "lost"},
+                     "orDeviceIsLost with a null result");
+  report.Expect(IsLost(0) == 0, "device 0 is not lost");
+  report.ExpectOk(orDeviceInit(0), "orDeviceInit(0)");
+  // Kernels may not lose devices.
+  orStream_t stream = nullptr;
+  report.ExpectOk(orStreamGetDefault(0, &stream), "orStreamGetDefault(0)");
+  report.ExpectFails(orLaunchKernelSync(stream, [](void*) { return orDeviceInjectFault(0, "from a kernel"); }, nullptr),
+                     orErrorKernelFailed, {"kernels may not lose devices"}, "orDeviceInjectFault from a kernel");
+  report.Expect(IsLost(0) == 0, "device 0 is still not lost");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, DeviceLossInTheMiddleOfQueuedWorkFailsOnlyThatDevice) {
+  EXPECT_IN_FRESH_PROCESS(CheckDeviceLossInTheMiddleOfQueuedWork());
+}
+
+TEST_F(FreshProcessDeathTest, DeviceLossOfAnUnusedDeviceAndBadArguments) {
+  EXPECT_IN_FRESH_PROCESS(CheckDeviceLossOfAnUnusedDevice());
 }
 
 }  // namespace

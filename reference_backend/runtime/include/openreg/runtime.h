@@ -46,6 +46,7 @@ typedef enum orError {
   orErrorForkedProcess = 10,    // initialized before fork(); unusable in child
   orErrorKernelFailed = 11,     // a kernel on the stream raised an error
   orErrorNotPermitted = 12,     // the call is not allowed in this context
+  orErrorDeviceLost = 13,       // the device was lost (orDeviceInjectFault)
 } orError_t;
 
 // The largest device count PyTorch can address (DeviceIndex is int8_t).
@@ -203,6 +204,23 @@ OR_API orError_t orEventSynchronize(orEvent_t event);
 OR_API orError_t orEventGetDevice(orEvent_t event, int* device);
 // Milliseconds between two completed, timing-enabled events of one device.
 OR_API orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+// ------------------------------------------------------------ device loss
+// Loses `device`, as a device that faults or falls off the bus: from now on
+// every call on it fails with orErrorDeviceLost and a message naming the
+// device and `cause` (null or "": "a fault injected by orDeviceInjectFault"),
+// until the process ends, as after a sticky error on CUDA. Its queued work
+// never runs (a kernel running at the time finishes); threads waiting for it
+// wake and fail; its memory counts as gone (orDeviceGetMemoryInfo fails).
+// Calls that only release or describe handles keep working: orFree,
+// orStreamDestroy, orEventDestroy, orStreamGetDevice, orStreamGetPriority,
+// orEventGetDevice, orPointerGetAttributes, and the current-device calls.
+// Other devices are untouched; work of theirs that waits for an event of the
+// lost device stops waiting. Initializes the device if needed; losing a lost
+// device again succeeds and keeps the first cause. Kernels may not call it.
+OR_API orError_t orDeviceInjectFault(int device, const char* cause);
+// Whether `device` was lost (never initializes anything).
+OR_API orError_t orDeviceIsLost(int device, int* lost);
 
 // ------------------------------------------------------------ diagnostics
 typedef struct orDebugCounters {
