@@ -538,7 +538,10 @@ class OperatorCheck:
             cpu_sample = _cpu_sample(sample, self.device_type)
             if cpu_sample is None:
                 continue
-            if not self.report.random and index == 0:
+            # Each sample until one draws: some draw only with some arguments
+            # (alpha_dropout with training=True, its third sample), and a
+            # device need not draw the CPU's numbers.
+            if not self.report.random:
                 self.report.random = _draws_random_numbers(op, cpu_sample)
             cpu_pristine = _clone_sample(cpu_sample)
             try:
