@@ -229,3 +229,22 @@ def test_dropout_draws_from_the_device_generator(two_devices):
     torch.openreg.set_rng_state(state, 1)
     assert torch.equal(torch.nn.functional.dropout(ones, 0.5).cpu(), c)
     assert not torch.equal(c, a), "two dropout calls drew the same mask"
+
+
+def test_a_random_operator_that_raises_leaves_the_generator_alone():
+    """Bad input changes no state: the words a random kernel took from the
+    generator at its launch are given back when the call raises at the
+    host (docs/reference-backend/rng.md)."""
+    x = torch.empty(5, device="openreg")
+    for _ in range(2):  # the first call with this metadata and a later one
+        before = torch.openreg.get_rng_state()
+        with pytest.raises(RuntimeError, match="std"):
+            x.normal_(0, -1)
+        assert torch.equal(torch.openreg.get_rng_state(), before)
+    g = torch.Generator(device="openreg").manual_seed(3)
+    before = g.get_state()
+    with pytest.raises(RuntimeError, match="without replacement"):
+        torch.multinomial(torch.ones(4, device="openreg"), 10, generator=g)
+    assert torch.equal(g.get_state(), before)
+    x.normal_(generator=g)
+    assert not torch.equal(g.get_state(), before), "a call that succeeded drew nothing"

@@ -33,6 +33,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -194,17 +195,23 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // Host side, at a random kernel's launch: the generator its CPU kernel gets
 // for a `Generator?` argument: a CPU generator of its own, whose state is the
 // next words of the OpenReg generator's sequence (the device's default one
-// for None). Rejects generators of another device type, at the call.
-c10::IValue kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
+// for None), and how to give those words back (KernelGenerator::undo; none
+// for None under the mutant below). Rejects generators of another device
+// type, at the call.
+KernelGenerator kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
   if (value.isNone()) {
-    if (mutant::is("random-ops-use-cpu-generator")) return c10::IValue();  // CPU default generator
-    return kernel_generator(default_generator(device));
+    if (mutant::is("random-ops-use-cpu-generator")) return {};  // the CPU default generator
+    return kernel_generator_with_undo(default_generator(device));
   }
   const at::Generator generator = value.toGenerator();
   TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
               "Expected a 'openreg' device type for generator but found '",
               generator.device().type(), "'");
-  return kernel_generator(generator);
+  return kernel_generator_with_undo(generator);
+}
+
+c10::IValue as_ivalue(const at::Generator& generator) {
+  return generator.defined() ? c10::IValue(generator) : c10::IValue();
 }
 
 // Worker side: replaces device tensors by aliases. (Generators were
@@ -843,7 +850,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   const c10::Stream stream = mutant::is("ops-on-default-stream") ? default_stream(device) : current_stream(device);
   for (size_t i = 0; i < num_args; ++i) {
     if (queued[i].kind == QueuedArg::Kind::kGenerator) {
-      queued[i].value = kernel_generator_for(args[i], generator_device);
+      queued[i].value = as_ivalue(kernel_generator_for(args[i], generator_device).kernel);
     }
   }
   async_launches.fetch_add(1, std::memory_order_relaxed);
@@ -970,13 +977,21 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   // The random kernel's generators, made once here, on the host, in launch
   // order; each run of the kernel (a second one after an out= grew) starts
-  // from a copy of their state.
-  std::vector<c10::IValue> generators(num_args);
+  // from a copy of their state. A call that raises gives the words back:
+  // bad input changes no generator's state.
+  std::vector<KernelGenerator> generators(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     if (is_optional_generator(schema.arguments()[i])) {
       generators[i] = kernel_generator_for(args[i], generator_device);
     }
   }
+  bool raised = true;
+  const auto give_back = c10::make_scope_exit([&] {
+    if (!raised) return;
+    for (auto it = generators.rbegin(); it != generators.rend(); ++it) {
+      if (it->undo) it->undo();
+    }
+  });
 
   AliasBuilder builder;
   std::vector<c10::IValue> cpu_args;
@@ -991,7 +1006,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         cpu_args.push_back(host_out[i]
             ? c10::IValue(at::empty({0}, args[i].toTensor().options().device(c10::kCPU)))
             : is_optional_generator(schema.arguments()[i])
-            ? (generators[i].isNone() ? c10::IValue() : c10::IValue(generators[i].toGenerator().clone()))
+            ? (generators[i].kernel.defined() ? c10::IValue(generators[i].kernel.clone()) : c10::IValue())
             : to_cpu(args[i], schema.arguments()[i], builder));
         // Mutant fallback-cpu-out-written-to-copy: a CPU out= tensor is accepted, and the result lost in a copy of it.
         if (mutant::is("fallback-cpu-out-written-to-copy") && writes(schema.arguments()[i]) &&
@@ -1033,6 +1048,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     results.clear();
     run();
   }
+  raised = false;  // the kernel ran: its numbers are drawn
   for (size_t i = 0; i < num_args; ++i) {
     if (!host_out[i]) continue;
     const at::Tensor& device_tensor = args[i].toTensor();

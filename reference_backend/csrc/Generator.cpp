@@ -112,13 +112,25 @@ at::Generator cpu_state_of(const at::Generator& generator) {
 
 namespace openreg {
 
-at::Generator kernel_generator(const at::Generator& generator) {
+namespace {
+
+bool same_engine(const at::mt19937& a, const at::mt19937& b) {
+  const at::mt19937_data_pod x = a.data(), y = b.data();
+  return x.left_ == y.left_ && x.next_ == y.next_ && x.state_ == y.state_;
+}
+
+}  // namespace
+
+KernelGenerator kernel_generator_with_undo(const at::Generator& generator) {
   at::Generator cpu = cpu_state_of(generator);
   auto* source = at::check_generator<at::CPUGeneratorImpl>(cpu);
   at::mt19937_data_pod data{};
+  at::mt19937 before, after;
   {
     std::lock_guard<std::mutex> lock(cpu.mutex());
+    before = source->engine();
     for (uint32_t& word : data.state_) word = source->random();
+    after = source->engine();
   }
   // As the reference seeding does: the top bit of the first word set, so
   // that the state is never all zeros.
@@ -131,7 +143,16 @@ at::Generator kernel_generator(const at::Generator& generator) {
   engine.set_data(data);
   at::Generator result = at::make_generator<at::CPUGeneratorImpl>();
   result.get<at::CPUGeneratorImpl>()->set_engine(engine);
-  return result;
+  auto undo = [cpu, before, after]() mutable {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(cpu);
+    if (same_engine(impl->engine(), after)) impl->set_engine(before);
+  };
+  return {std::move(result), std::move(undo)};
+}
+
+at::Generator kernel_generator(const at::Generator& generator) {
+  return kernel_generator_with_undo(generator).kernel;
 }
 
 }  // namespace openreg

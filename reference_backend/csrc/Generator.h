@@ -16,6 +16,8 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
 
+#include <functional>
+
 namespace openreg {
 
 // Index -1 means the current device. Both validate the index.
@@ -30,5 +32,15 @@ at::Generator cpu_state_of(const at::Generator& generator);
 // the next 624 32-bit words drawn from `generator` (an OpenReg generator),
 // which advances by exactly that much. Throws as cpu_state_of.
 at::Generator kernel_generator(const at::Generator& generator);
+
+// kernel_generator, and how to give the words back: `undo()` sets
+// `generator` back to its state before the draw, if no one drew from it
+// since. For a call that raises at the host after the draw: bad input
+// changes no state.
+struct KernelGenerator {
+  at::Generator kernel;
+  std::function<void()> undo;
+};
+KernelGenerator kernel_generator_with_undo(const at::Generator& generator);
 
 }  // namespace openreg
