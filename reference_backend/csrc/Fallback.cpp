@@ -201,13 +201,13 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 KernelGenerator kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
   if (value.isNone()) {
     if (mutant::is("random-ops-use-cpu-generator")) return {};  // the CPU default generator
-    return kernel_generator_with_undo(default_generator(device));
+    return kernel_generator(default_generator(device));
   }
   const at::Generator generator = value.toGenerator();
   TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
               "Expected a 'openreg' device type for generator but found '",
               generator.device().type(), "'");
-  return kernel_generator_with_undo(generator);
+  return kernel_generator(generator);
 }
 
 c10::IValue as_ivalue(const at::Generator& generator) {

@@ -108,10 +108,6 @@ at::Generator cpu_state_of(const at::Generator& generator) {
   return generator.get<OpenRegGeneratorImpl>()->cpu();
 }
 
-}  // namespace openreg
-
-namespace openreg {
-
 namespace {
 
 bool same_engine(const at::mt19937& a, const at::mt19937& b) {
@@ -121,7 +117,7 @@ bool same_engine(const at::mt19937& a, const at::mt19937& b) {
 
 }  // namespace
 
-KernelGenerator kernel_generator_with_undo(const at::Generator& generator) {
+KernelGenerator kernel_generator(const at::Generator& generator) {
   at::Generator cpu = cpu_state_of(generator);
   auto* source = at::check_generator<at::CPUGeneratorImpl>(cpu);
   at::mt19937_data_pod data{};
@@ -149,10 +145,6 @@ KernelGenerator kernel_generator_with_undo(const at::Generator& generator) {
     if (same_engine(impl->engine(), after)) impl->set_engine(before);
   };
   return {std::move(result), std::move(undo)};
-}
-
-at::Generator kernel_generator(const at::Generator& generator) {
-  return kernel_generator_with_undo(generator).kernel;
 }
 
 }  // namespace openreg

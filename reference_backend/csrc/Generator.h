@@ -30,17 +30,14 @@ at::Generator cpu_state_of(const at::Generator& generator);
 
 // A new CPU generator for one random kernel, made at its launch: its state is
 // the next 624 32-bit words drawn from `generator` (an OpenReg generator),
-// which advances by exactly that much. Throws as cpu_state_of.
-at::Generator kernel_generator(const at::Generator& generator);
-
-// kernel_generator, and how to give the words back: `undo()` sets
+// which advances by exactly that much. `undo()` gives the words back: it sets
 // `generator` back to its state before the draw, if no one drew from it
-// since. For a call that raises at the host after the draw: bad input
-// changes no state.
+// since (for a call that raises at the host after the draw: bad input
+// changes no state). Throws as cpu_state_of.
 struct KernelGenerator {
   at::Generator kernel;
   std::function<void()> undo;
 };
-KernelGenerator kernel_generator_with_undo(const at::Generator& generator);
+KernelGenerator kernel_generator(const at::Generator& generator);
 
 }  // namespace openreg

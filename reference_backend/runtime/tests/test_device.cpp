@@ -731,7 +731,6 @@ int IsLost(int device) {
 [[noreturn]] void CheckDeviceLossInTheMiddleOfQueuedWork() {
   SetConfig("2", "64M");
   ChildReport report;
-  const std::vector<std::string> lost_message{"device 1", "was lost", "the test's cause"};
   auto expect_lost = [&](orError_t result, const char* call) {
     report.ExpectFails(result, orErrorDeviceLost, {call, "device 1", "was lost", "the test's cause"},
                        std::string(call) + " on the lost device");
