@@ -19,6 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CXX_BENCH = REPO / "build" / "dev" / "benchmarks" / "cxx" / "openreg_bench_device"
+RUNTIME_BUILD = REPO / "build" / "openreg" / "runtime"
+MODES_BENCH = RUNTIME_BUILD / "openreg_bench_modes"
+KERNELS_MODULE = RUNTIME_BUILD / "libopenreg_test_kernels.so"
 
 
 def cxx_benchmarks() -> tuple[list[dict], list[dict]]:
@@ -48,6 +51,37 @@ def cxx_benchmarks() -> tuple[list[dict], list[dict]]:
     return device, allocator
 
 
+def execution_modes() -> list[dict]:
+    """The runtime in thread and process mode (OPENREG_EXECUTOR), side by side: one
+    row per benchmark with both times, from one run of each mode on this machine."""
+    if not MODES_BENCH.exists():
+        return [{"name": "execution-mode benchmarks not built (install libbenchmark-dev, then make build)"}]
+    times: dict[str, dict[str, float]] = {}
+    for mode in ("thread", "process"):
+        env = {**__import__("os").environ, "OPENREG_EXECUTOR": mode, "OPENREG_DEVICE_COUNT": "1",
+               "OPENREG_DEVICE_MEMORY": "1G"}
+        out = subprocess.run([str(MODES_BENCH), str(KERNELS_MODULE), "--benchmark_format=json",
+                              "--benchmark_min_time=0.3"],
+                             capture_output=True, text=True, check=True, env=env).stdout
+        for b in json.loads(out)["benchmarks"]:
+            times.setdefault(b["name"].removesuffix("/real_time"), {})[mode] = b["real_time"]
+    rows = []
+    for name, by_mode in times.items():
+        row = {"name": name, "thread_ns": round(by_mode["thread"], 1),
+               "process_ns": round(by_mode["process"], 1)}
+        base, _, size = name.partition("/")
+        if base.startswith("BM_Copy"):
+            memcpy = times[f"BM_HostMemcpy/{size}"]["thread"]
+            row["thread_ratio_to_memcpy"] = round(memcpy / by_mode["thread"], 2)
+            row["process_ratio_to_memcpy"] = round(memcpy / by_mode["process"], 2)
+            if size == str(256 << 20):
+                row["process_target_ratio_to_memcpy"] = 0.5
+        if base == "BM_EmptyKernelRoundTrip":
+            row["process_target_us"] = 20
+        rows.append(row)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -59,6 +93,7 @@ def main() -> int:
     results = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "cpus": __import__("os").cpu_count()}}
     results["device_management_cxx"], results["allocator_cxx"] = cxx_benchmarks()
+    results["execution_modes"] = execution_modes()
     results.update(bench_backend.run())
     suite_args = [sys.executable, str(HERE / "bench_suite.py"), "--output", str(HERE / "results-suite.json")]
     if args.quick:
@@ -109,6 +144,19 @@ def print_table(results: dict) -> None:
         if "ns" in r and not r["name"].startswith("BM_HostMallocFree"):
             line(f"{r['name']} (C++, allocate+free) vs malloc/free", f"{r['ns']} ns x{r['ratio_to_malloc']}",
                  "(no target)", None)
+    for r in results.get("execution_modes", []):
+        if "thread_ns" not in r:
+            continue
+        line(f"runtime {r['name']}, thread / process mode",
+             f"{r['thread_ns'] / 1000:.1f} / {r['process_ns'] / 1000:.1f} us", "", None)
+        if r.get("process_target_us"):
+            us = r["process_ns"] / 1000
+            line(f"  process mode {r['name']}", f"{us:.1f} us", f"< {r['process_target_us']} us",
+                 us < r["process_target_us"])
+        if r.get("process_target_ratio_to_memcpy"):
+            line(f"  process mode {r['name']} vs memcpy", f"x{r['process_ratio_to_memcpy']}",
+                 f">= x{r['process_target_ratio_to_memcpy']}",
+                 r["process_ratio_to_memcpy"] >= r["process_target_ratio_to_memcpy"])
     suite = results["suite"]
     for s in suite["suite"]:
         line(f"whole suite, {s['devices']} device(s)", f"{s['wall_s']} s", "< 60 s", s["wall_s"] < 60)

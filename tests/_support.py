@@ -26,7 +26,8 @@ from privateuse1_conformance.conformance import _cxx
 
 # Environment variables that configure the backend: removed from the
 # environment of every subprocess unless the test sets them explicitly.
-_CONFIG_VARS = ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY", "OPENREG_ASYNC_OPERATORS")
+_CONFIG_VARS = ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY", "OPENREG_ASYNC_OPERATORS",
+                "OPENREG_EXECUTOR", "OPENREG_EXECUTOR_PATH")
 
 # Prepended to every subprocess script.
 _PRELUDE = """\

@@ -85,7 +85,8 @@ def test_valid_configurations(count, memory, expected_total):
     ("OPENREG_DEVICE_COUNT", "-1"),
     ("OPENREG_DEVICE_COUNT", "abc"),
     ("OPENREG_DEVICE_MEMORY", "lots"),
-], ids=["count-128", "count-minus-1", "count-abc", "memory-garbage"])
+    ("OPENREG_EXECUTOR", "processes"),
+], ids=["count-128", "count-minus-1", "count-abc", "memory-garbage", "executor-garbage"])
 def test_invalid_configuration_means_zero_devices_with_a_warning(name, value):
     """Rejected values: device_count() is 0 with a warning naming the setting, every
     entry point agrees, is_available() is False, device use is a clean RuntimeError naming
@@ -105,3 +106,14 @@ def test_invalid_configuration_means_zero_devices_with_a_warning(name, value):
         kind, message = outcome
         assert kind == "RuntimeError" and setting in message, (
             f"with {setting}, {outcome} should be a RuntimeError naming the setting")
+
+
+def test_process_mode_is_refused_at_import_with_a_reason():
+    """OPENREG_EXECUTOR=process is a mode of the runtime's C API only, so far: the import
+    says so instead of every operator failing later."""
+    rc, _, err = run_python("import openreg", env={"OPENREG_EXECUTOR": "process"})
+    assert rc != 0
+    assert "RuntimeError: OPENREG_EXECUTOR=process" in err and "executor.md" in err, err
+    rc, _, err = run_python("import openreg, torch; torch.ones(2, device='openreg').sum().item()",
+                            env={"OPENREG_EXECUTOR": "thread"})
+    assert rc == 0, err

@@ -64,9 +64,10 @@ if [[ -z "$cxx" ]]; then
 fi
 
 # ------------------------------------------------------------------- build
-sources=("$here/fuzz_runtime.cpp" "$runtime/src/device.cpp"
-         "$runtime/src/memory.cpp" "$runtime/src/stream.cpp")
-deps=("${sources[@]}" "$runtime/src/internal.h" "$runtime/include/openreg/runtime.h"
+sources=("$here/fuzz_runtime.cpp" "$runtime/src/device.cpp" "$runtime/src/executor.cpp"
+         "$runtime/src/memory.cpp" "$runtime/src/module.cpp" "$runtime/src/stream.cpp")
+deps=("${sources[@]}" "$runtime/src/internal.h" "$runtime/src/executor_protocol.h"
+      "$runtime/include/openreg/runtime.h"
       "$here/run_fuzz.sh")
 stale=0
 if [[ ! -x "$bin" ]]; then

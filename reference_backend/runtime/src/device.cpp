@@ -1,4 +1,5 @@
 // Configuration, errors, devices and the per-thread current device.
+#include "executor_protocol.h"
 #include "internal.h"
 
 #include <pthread.h>
@@ -100,6 +101,18 @@ Config parse_config() {
     }
     c.device_memory = bytes;
   }
+  if (const char* text = std::getenv("OPENREG_EXECUTOR"); text && *text) {
+    if (std::strcmp(text, "process") == 0) {
+      c.process_mode = true;
+    } else if (std::strcmp(text, "thread") != 0) {
+      c.error = orErrorInitialization;
+      c.error_message = std::string("OPENREG_EXECUTOR='") + text +
+          "' is invalid: expected 'thread' (devices in this process, the default) or "
+          "'process' (each device an executor process)";
+      c.device_count = 0;
+      return c;
+    }
+  }
   return c;
 }
 
@@ -193,7 +206,25 @@ orError_t get_device(const char* call, int device, Device** out) {
   if (!d) {
     auto* fresh = new Device(device, config().device_memory);
     std::string error;
-    if (!fresh->arena.init(&error)) {
+    if (config().process_mode) {
+      // The arena's discard reaches the executor, which exists before any
+      // allocation can be freed.
+      const bool reserved = fresh->arena.init_reserved(&error, [fresh](void* start, size_t count) {
+        fresh->executor->request("orFree", openreg::executor::kDiscard,
+                                 reinterpret_cast<uintptr_t>(start), 0, count);
+        clear_last_error();  // a lost executor has nothing to give back
+      });
+      if (reserved) {
+        fresh->executor = Executor::start(fresh, &error);
+        if (!fresh->executor) {
+          return fail(orErrorInitialization, "%s: cannot initialize device %d: %s", call,
+                      device, error.c_str());
+        }
+      } else {
+        return fail(orErrorMemoryAllocation, "%s: cannot initialize device %d: %s",
+                    call, device, error.c_str());
+      }
+    } else if (!fresh->arena.init(&error)) {
       // Leaks the half-built device on purpose: it holds no resources.
       return fail(orErrorMemoryAllocation, "%s: cannot initialize device %d: %s",
                   call, device, error.c_str());
@@ -209,6 +240,28 @@ orError_t get_device(const char* call, int device, Device** out) {
   *out = d;
   if (d->lost.load(std::memory_order_acquire)) return fail_lost(call, device);
   return orSuccess;
+}
+
+void lose_device(Device* d, const std::string& cause) {
+  {
+    std::lock_guard<std::mutex> lock(d->lost_mutex);
+    if (d->lost.load(std::memory_order_acquire)) return;  // the first cause stays
+    d->lost_cause = cause;
+    d->lost.store(true, std::memory_order_release);
+  }
+  // Wake every thread waiting for one of its streams, and its workers: taking
+  // each stream's mutex after setting the flag means no waiter can check the
+  // flag before it was set and then sleep through this notification.
+  std::vector<StreamRef> streams;
+  {
+    std::lock_guard<std::mutex> lock(d->streams_mutex);
+    streams = d->streams;
+  }
+  for (const StreamRef& s : streams) {
+    { std::lock_guard<std::mutex> lock(s->mutex); }
+    s->work_done.notify_all();
+    s->work_ready.notify_all();
+  }
 }
 
 bool device_lost(int device) {
@@ -259,6 +312,7 @@ const char* orGetErrorName(orError_t error) {
     case orErrorKernelFailed: return "orErrorKernelFailed";
     case orErrorNotPermitted: return "orErrorNotPermitted";
     case orErrorDeviceLost: return "orErrorDeviceLost";
+    case orErrorNotSupported: return "orErrorNotSupported";
   }
   return "orErrorUnknown";
 }
@@ -383,25 +437,34 @@ orError_t orDeviceInjectFault(int device, const char* cause) {
     return orSuccess;  // the first cause stays
   }
   if (e != orSuccess) return e;
-  {
-    std::lock_guard<std::mutex> lock(d->lost_mutex);
-    if (d->lost.load(std::memory_order_acquire)) return orSuccess;
-    d->lost_cause = cause && *cause ? cause : "a fault injected by orDeviceInjectFault";
-    d->lost.store(true, std::memory_order_release);
+  lose_device(d, cause && *cause ? cause : "a fault injected by orDeviceInjectFault");
+  // In process mode the device's memory goes with its executor, as on a
+  // device that fell off the bus.
+  if (d->executor) d->executor->kill();
+  return orSuccess;
+}
+
+orError_t orGetExecutionMode(int* process) {
+  if (!process) return fail(orErrorInvalidValue, "orGetExecutionMode: process is null");
+  const Config& c = config();
+  if (c.error != orSuccess) return fail(c.error, "orGetExecutionMode: %s", c.error_message.c_str());
+  *process = c.process_mode ? 1 : 0;
+  return orSuccess;
+}
+
+orError_t orDeviceGetExecutorPid(int device, int* pid) {
+  const char* call = "orDeviceGetExecutorPid";
+  if (!pid) return fail(orErrorInvalidValue, "%s: pid is null", call);
+  if (orError_t e = check_device(call, "device", device)) return e;
+  if (!config().process_mode) {
+    return fail(orErrorNotSupported, "%s: devices have no executor processes in thread mode "
+                "(OPENREG_EXECUTOR=process starts them)", call);
   }
-  // Wake every thread waiting for one of its streams, and its workers: taking
-  // each stream's mutex after setting the flag means no waiter can check the
-  // flag before it was set and then sleep through this notification.
-  std::vector<StreamRef> streams;
-  {
-    std::lock_guard<std::mutex> lock(d->streams_mutex);
-    streams = d->streams;
+  Device* d = device_if_initialized(device);
+  if (!d || !d->executor) {
+    return fail(orErrorInvalidValue, "%s: device %d is not initialized", call, device);
   }
-  for (const StreamRef& s : streams) {
-    { std::lock_guard<std::mutex> lock(s->mutex); }
-    s->work_done.notify_all();
-    s->work_ready.notify_all();
-  }
+  *pid = d->executor->pid();
   return orSuccess;
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@ void clear_last_error();
 struct Config {
   int device_count = 0;
   size_t device_memory = 0;
+  bool process_mode = false;  // OPENREG_EXECUTOR=process
   orError_t error = orSuccess;  // set when the environment is invalid
   std::string error_message;
 };
@@ -60,6 +62,11 @@ class Arena {
   // Arenas are never destroyed: devices live until the process ends.
 
   bool init(std::string* error);
+  // Process mode: reserves the device's addresses (PROT_NONE, no memory
+  // behind them); the executor maps the memory at the same addresses.
+  // `discard` gives whole pages of a freed block back (in the executor).
+  bool init_reserved(std::string* error,
+                     std::function<void(void* start, size_t count)> discard);
   // Returns the device pointer, or nullptr when out of memory.
   void* allocate(size_t size);
   // false if `ptr` is not the start of a live allocation.
@@ -71,7 +78,8 @@ class Arena {
   }
   // Finds the live allocation containing [ptr, ptr+count); false if none.
   bool find(const void* ptr, size_t count, void** base, size_t* size) const;
-  // Kernel-view alias of a device pointer inside this arena.
+  void* base() const { return device_base_; }
+  // Kernel-view alias of a device pointer inside this arena (thread mode).
   void* kernel_alias(const void* ptr) const {
     return kernel_base_ + (static_cast<const char*>(ptr) - device_base_);
   }
@@ -96,6 +104,7 @@ class Arena {
   size_t capacity_;  // exactly the configured bytes: the accounting limit
   size_t mapped_;    // capacity_ rounded up to whole pages
   int fd_ = -1;
+  std::function<void(void*, size_t)> discard_;  // process mode
   char* device_base_ = nullptr;
   char* kernel_base_ = nullptr;
   mutable std::mutex mutex_;
@@ -168,11 +177,16 @@ struct orEvent {
 
 namespace openreg::runtime {
 
+class Executor;
+
 struct Device {
   explicit Device(int index, size_t capacity)
       : index(index), arena(index, capacity) {}
   int index;
   Arena arena;
+  // Process mode: the device's executor process (null in thread mode).
+  // Never destroyed, like the device.
+  Executor* executor = nullptr;
   std::shared_ptr<orStream> default_stream;
   std::mutex streams_mutex;
   std::vector<std::shared_ptr<orStream>> streams;  // live, default included
@@ -180,6 +194,51 @@ struct Device {
   std::atomic<bool> lost{false};
   std::mutex lost_mutex;
   std::string lost_cause;
+};
+
+// Loses `d` with `cause` (the first cause stays) and wakes its waiters.
+void lose_device(Device* d, const std::string& cause);
+
+// Process mode: the host side of one device's executor process
+// (executor.cpp; the protocol is executor_protocol.h).
+class Executor {
+ public:
+  // Starts the executor of `d`, whose memory the arena has reserved, and
+  // waits until it serves requests. nullptr with `error` set on failure.
+  static Executor* start(Device* d, std::string* error);
+  // One request, run in the executor; returns its status and sets the
+  // thread's last error (naming `call`) on failure. orErrorDeviceLost once
+  // the executor is gone.
+  orError_t request(const char* call, uint32_t command, uint64_t a, uint64_t b, uint64_t c,
+                    const void* payload = nullptr, size_t payload_size = 0);
+  // Copies between host memory here and device memory in the executor.
+  orError_t write(const char* call, void* device_dst, const void* host_src, size_t count);
+  orError_t read(const char* call, void* host_dst, const void* device_src, size_t count);
+  int pid() const { return pid_; }
+  // Ends the executor (SIGKILL); its monitor then loses the device.
+  void kill();
+
+ private:
+  explicit Executor(Device* d) : device_(d) {}
+  void monitor(std::string path);
+  int acquire_channel();
+  void release_channel(int index);
+
+  Device* device_;
+  int fd_ = -1;
+  void* shared_ = nullptr;  // executor::Shared
+  std::atomic<int> pid_{-1};
+  // Set once the executor has exited, before it is reaped; copies and
+  // signals hold it shared, so none reaches a process that reuses the pid.
+  std::shared_mutex gone_mutex_;
+  bool gone_ = false;
+  std::mutex start_mutex_;
+  std::condition_variable started_;
+  bool spawned_ = false;
+  std::string spawn_error_;
+  std::mutex channels_mutex_;
+  std::condition_variable channel_free_;
+  std::vector<int> free_channels_;
 };
 
 // Fails with orErrorDeviceLost, naming `call`, the device and the cause.

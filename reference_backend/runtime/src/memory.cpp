@@ -1,4 +1,5 @@
 // Device memory (isolated arenas), pinned host memory and copies.
+#include "executor_protocol.h"
 #include "internal.h"
 
 #include <fcntl.h>
@@ -6,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -72,6 +74,27 @@ bool Arena::init(std::string* error) {
   }
   device_base_ = static_cast<char*>(device);
   kernel_base_ = static_cast<char*>(kernel);
+  insert_free(0, capacity_);
+  return true;
+}
+
+bool Arena::init_reserved(std::string* error,
+                          std::function<void(void* start, size_t count)> discard) {
+  // Both processes must be able to place the range at the same address: ask
+  // for one far from where either puts its libraries and heap (the kernel
+  // picks another range if this one is taken; the executor then reports it).
+  constexpr uintptr_t kHintBase = uintptr_t{1} << 44;  // 16 TiB
+  const size_t stride = round_up(mapped_, size_t{1} << 30) + (size_t{1} << 30);
+  void* hint = reinterpret_cast<void*>(kHintBase + static_cast<uintptr_t>(device_) * stride);
+  void* device = mmap(hint, mapped_, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (device == MAP_FAILED) {
+    *error = std::string("cannot reserve the device's addresses: ") + std::strerror(errno);
+    return false;
+  }
+  device_base_ = static_cast<char*>(device);
+  kernel_base_ = nullptr;  // the memory is in the executor only
+  discard_ = std::move(discard);
   insert_free(0, capacity_);
   return true;
 }
@@ -148,7 +171,9 @@ bool Arena::release(void* ptr) {
 void Arena::punch(size_t offset, size_t size) {
   const size_t first = round_up(offset, kPage);
   const size_t last = (offset + size) / kPage * kPage;
-  if (last > first) {
+  if (last > first && discard_) {
+    discard_(device_base_ + first, last - first);
+  } else if (last > first) {
     fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
               static_cast<off_t>(first), static_cast<off_t>(last - first));
   }
@@ -427,7 +452,40 @@ orError_t check_stream_copy(const char* call, void* dst, const void* src, size_t
   return orSuccess;
 }
 
+// Process mode: the device side lives in an executor. Host memory moves
+// with process_vm_writev/readv (one copy, no staging), a copy inside one
+// device runs in its executor, and a copy between two devices goes through
+// host memory in chunks.
+orError_t process_copy(void* dst, const void* src, size_t count) {
+  const char* call = "copy";
+  Device* to = device_owning(dst);
+  Device* from = device_owning(src);
+  if (to && from && to == from) {
+    return to->executor->request(call, openreg::executor::kCopy, reinterpret_cast<uintptr_t>(dst),
+                                 reinterpret_cast<uintptr_t>(src), count);
+  }
+  if (to && from) {
+    constexpr size_t kChunk = size_t{8} << 20;
+    std::unique_ptr<char[]> bounce(new char[std::min(count, kChunk)]);
+    for (size_t done = 0; done < count; done += kChunk) {
+      const size_t n = std::min(kChunk, count - done);
+      if (orError_t e = from->executor->read(call, bounce.get(),
+                                             static_cast<const char*>(src) + done, n)) return e;
+      if (orError_t e = to->executor->write(call, static_cast<char*>(dst) + done,
+                                            bounce.get(), n)) return e;
+    }
+    return orSuccess;
+  }
+  if (to) return to->executor->write(call, dst, src, count);
+  if (from) return from->executor->read(call, dst, src, count);
+  copy_bytes(dst, src, count);
+  return orSuccess;
+}
+
 std::function<orError_t()> copy_work(void* dst, const void* src, size_t count) {
+  if (config().process_mode) {
+    return [dst, src, count]() { return process_copy(dst, src, count); };
+  }
   return [dst, src, count]() {
     copy_bytes(accessible(dst), accessible(src), count);
     return orSuccess;
@@ -487,6 +545,16 @@ orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {
   if (d->index != s->device) {
     return fail(orErrorDeviceMismatch, "%s: dst belongs to device %d but the "
                 "stream belongs to device %d", call, d->index, s->device);
+  }
+  if (d->executor) {
+    Executor* ex = d->executor;
+    s->enqueue({[ex, dst, value, count]() {
+                  return ex->request("orMemsetAsync", openreg::executor::kMemset,
+                                     reinterpret_cast<uintptr_t>(dst),
+                                     static_cast<unsigned char>(value), count);
+                },
+                nullptr});
+    return orSuccess;
   }
   void* alias = d->arena.kernel_alias(dst);
   s->enqueue({[alias, value, count]() {

@@ -449,9 +449,19 @@ orError_t orStreamSynchronize(orStream_t stream) {
   return take_kernel_error(call, s);
 }
 
+static orError_t check_host_kernels(const char* call) {
+  if (config().process_mode) {
+    return fail(orErrorNotSupported, "%s: a host function cannot run in a device's executor "
+                "process (OPENREG_EXECUTOR=process); launch a module kernel "
+                "(orLaunchModuleKernel) instead", call);
+  }
+  return orSuccess;
+}
+
 orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   const char* call = "orLaunchKernel";
   if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
+  if (orError_t e = check_host_kernels(call)) return e;
   StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   g_kernels.fetch_add(1, std::memory_order_relaxed);
@@ -462,6 +472,7 @@ orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
 orError_t orLaunchKernelSync(orStream_t stream, orKernelFn fn, void* arg) {
   const char* call = "orLaunchKernelSync";
   if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
+  if (orError_t e = check_host_kernels(call)) return e;
   StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   return run_and_wait(call, s, [fn, arg] { return fn(arg); }, /*is_kernel=*/true);

@@ -50,6 +50,7 @@ TEST(ErrorNameTest, NamesEveryErrorCode) {
       {orErrorKernelFailed, "orErrorKernelFailed"},
       {orErrorNotPermitted, "orErrorNotPermitted"},
       {orErrorDeviceLost, "orErrorDeviceLost"},
+      {orErrorNotSupported, "orErrorNotSupported"},
   };
   for (const auto& [code, name] : names) EXPECT_STREQ(orGetErrorName(code), name);
 }

@@ -47,6 +47,7 @@ typedef enum orError {
   orErrorKernelFailed = 11,     // a kernel on the stream raised an error
   orErrorNotPermitted = 12,     // the call is not allowed in this context
   orErrorDeviceLost = 13,       // the device was lost (orDeviceInjectFault)
+  orErrorNotSupported = 14,     // the call is not available in this execution mode
 } orError_t;
 
 // The largest device count PyTorch can address (DeviceIndex is int8_t).
@@ -187,6 +188,53 @@ OR_API orError_t orKernelMapPointer(const void* device_ptr, size_t count,
 // Inside a kernel: the device the kernel runs on (-1 outside kernels).
 OR_API int orKernelCurrentDevice(void);
 OR_API void orKernelSetError(const char* message);
+
+// ---------------------------------------------------------------- modules
+// Kernels that can run in either execution mode (see "execution modes"
+// below): functions of a shared library (a module), found by name and
+// launched with a parameter block that is copied at the launch, as CUDA's
+// cuModuleLoad / cuLaunchKernel do. A module kernel reaches device memory
+// only through its context, never through the runtime's own symbols, so a
+// module needs nothing but this header.
+#define OR_MAX_KERNEL_PARAMS 32768
+typedef struct orKernelContext {
+  int device;  // the device the kernel runs on
+  // An accessible address for `count` bytes at a device pointer of `device`.
+  orError_t (*map_pointer)(const void* device_ptr, size_t count, void** accessible);
+  // The message of the kernel's failure (used when it returns an error).
+  void (*set_error)(const char* message);
+} orKernelContext;
+typedef orError_t (*orModuleKernelFn)(const orKernelContext* context, const void* params,
+                                      size_t params_size);
+typedef struct orModule* orModule_t;
+typedef struct orFunction* orFunction_t;
+// Loads the module at `path` (dlopen). Modules stay loaded until the process
+// ends; loading a path again returns the same module.
+OR_API orError_t orModuleLoad(orModule_t* module, const char* path);
+// The kernel `name` of `module` (an exported orModuleKernelFn).
+OR_API orError_t orModuleGetFunction(orFunction_t* function, orModule_t module,
+                                     const char* name);
+// Launches `function` on `stream` with a copy of `params_size` bytes at
+// `params` (at most OR_MAX_KERNEL_PARAMS; 16-byte aligned when it runs).
+OR_API orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function,
+                                      const void* params, size_t params_size);
+
+// -------------------------------------------------------- execution modes
+// OPENREG_EXECUTOR selects, once per process, where devices run:
+//   "thread" (default): in this process; each stream is a worker thread and
+//     device memory is a memfd whose host-visible view is PROT_NONE.
+//   "process": each device is an executor process (openreg-executor, found
+//     next to the library that holds the runtime, or at OPENREG_EXECUTOR_PATH)
+//     that owns the device memory; this process only reserves its addresses.
+//     Streams are ordered here and their work runs in the executor. Kernels
+//     must be module kernels: orLaunchKernel and orLaunchKernelSync run host
+//     functions and fail with orErrorNotSupported. An executor that dies
+//     loses its device (see device loss) with the cause.
+// `process` is 1 in process mode, else 0.
+OR_API orError_t orGetExecutionMode(int* process);
+// The executor's process id of an initialized device in process mode
+// (orErrorNotSupported in thread mode).
+OR_API orError_t orDeviceGetExecutorPid(int device, int* pid);
 
 // ----------------------------------------------------------------- events
 #define orEventDefault 0x0

@@ -1,0 +1,449 @@
+// Module kernels (both execution modes) and process mode
+// (OPENREG_EXECUTOR=process): devices as executor processes that own their
+// memory, and what happens when one dies.
+#include "test_helpers.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace openreg_test {
+namespace {
+
+struct FillParams {
+  uint64_t dst;
+  uint64_t count;
+  uint32_t value;
+};
+struct AddParams {
+  uint64_t dst;
+  uint64_t src;
+  uint64_t count;
+  uint32_t addend;
+};
+struct PointerParams {
+  uint64_t ptr;
+};
+
+uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// The test module's kernel `name` (tests/test_kernels_module.cpp).
+orError_t Kernel(const char* name, orFunction_t* fn) {
+  orModule_t module = nullptr;
+  if (orError_t e = orModuleLoad(&module, OPENREG_TEST_KERNELS_MODULE)) return e;
+  return orModuleGetFunction(fn, module, name);
+}
+
+template <typename Params>
+orError_t Launch(orStream_t stream, const char* name, const Params& params) {
+  orFunction_t fn = nullptr;
+  if (orError_t e = Kernel(name, &fn)) return e;
+  return orLaunchModuleKernel(stream, fn, &params, sizeof(params));
+}
+
+std::vector<uint32_t> ReadU32(const void* device_ptr, size_t count) {
+  std::vector<uint32_t> out(count, 0);
+  orMemcpy(out.data(), device_ptr, count * 4, orMemcpyDeviceToHost);
+  return out;
+}
+
+// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+bool Ended(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Waits for `pid` to end; the bound only turns a hang into a failure.
+bool EndsWithin(int pid, std::chrono::seconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!Ended(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// ------------------------------------------------- module kernels (thread mode)
+
+class ModuleKernelTest : public RuntimeTest {};
+
+TEST_F(ModuleKernelTest, RunsWithCopiedParametersInTheStreamOrder) {
+  constexpr size_t kCount = 1000;
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_OK(orMalloc(&a, kCount * 4));
+  ASSERT_OK(orMalloc(&b, kCount * 4));
+  orStream_t stream = nullptr;
+  ASSERT_OK(orStreamCreate(&stream));
+  Gate gate;
+  ASSERT_OK(gate.Block(stream));
+  FillParams fill{Addr(a), kCount, 7};
+  ASSERT_OK(Launch(stream, "openreg_test_fill_u32", fill));
+  fill.value = 1000;  // the launch copied the parameters
+  ASSERT_OK(Launch(stream, "openreg_test_add_u32", AddParams{Addr(b), Addr(a), kCount, 5}));
+  EXPECT_EQ(orStreamQuery(stream), orErrorNotReady);
+  gate.Open();
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(ReadU32(b, kCount), std::vector<uint32_t>(kCount, 12));
+  ASSERT_OK(orStreamDestroy(stream));
+  EXPECT_OK(orFree(a));
+  EXPECT_OK(orFree(b));
+}
+
+TEST_F(ModuleKernelTest, RunsInThisProcessInThreadMode) {
+  int process = -1;
+  ASSERT_OK(orGetExecutionMode(&process));
+  if (process) GTEST_SKIP() << "the tests run in process mode";
+  void* out = nullptr;
+  ASSERT_OK(orMalloc(&out, 8));
+  ASSERT_OK(Launch(nullptr, "openreg_test_where", PointerParams{Addr(out)}));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  std::vector<uint32_t> where = ReadU32(out, 2);
+  EXPECT_EQ(static_cast<int>(where[0]), getpid());
+  EXPECT_EQ(where[1], 0u);
+  int pid = 0;
+  EXPECT_FAILS(orDeviceGetExecutorPid(0, &pid), orErrorNotSupported, "orDeviceGetExecutorPid",
+               "thread mode");
+  EXPECT_OK(orFree(out));
+}
+
+TEST_F(ModuleKernelTest, AFailingKernelFailsTheStreamWithItsMessage) {
+  ASSERT_OK(Launch(nullptr, "openreg_test_fail", PointerParams{0}));
+  EXPECT_FAILS(orStreamSynchronize(nullptr), orErrorKernelFailed,
+               "openreg_test_fail failed on purpose");
+  EXPECT_OK(orStreamSynchronize(nullptr));  // reported once
+  // The context maps nothing but memory of the kernel's device.
+  ASSERT_OK(Launch(nullptr, "openreg_test_map_host", PointerParams{0}));
+  EXPECT_FAILS(orStreamSynchronize(nullptr), orErrorKernelFailed, "not OpenReg device memory");
+}
+
+TEST_F(ModuleKernelTest, RejectsBadArgumentsAtTheCall) {
+  orModule_t module = nullptr;
+  EXPECT_FAILS(orModuleLoad(nullptr, "x"), orErrorInvalidValue, "orModuleLoad", "module");
+  EXPECT_FAILS(orModuleLoad(&module, ""), orErrorInvalidValue, "orModuleLoad", "path");
+  EXPECT_FAILS(orModuleLoad(&module, "/nonexistent/openreg_module.so"), orErrorInvalidValue,
+               "orModuleLoad", "/nonexistent/openreg_module.so");
+  ASSERT_OK(orModuleLoad(&module, OPENREG_TEST_KERNELS_MODULE));
+  orModule_t again = nullptr;
+  ASSERT_OK(orModuleLoad(&again, OPENREG_TEST_KERNELS_MODULE));
+  EXPECT_EQ(module, again);
+  orFunction_t fn = nullptr;
+  EXPECT_FAILS(orModuleGetFunction(&fn, module, "no_such_kernel"), orErrorInvalidValue,
+               "orModuleGetFunction", "no_such_kernel");
+  int not_a_module = 0;
+  EXPECT_FAILS(orModuleGetFunction(&fn, reinterpret_cast<orModule_t>(&not_a_module), "k"),
+               orErrorInvalidHandle, "orModuleGetFunction", "module=");
+  ASSERT_OK(orModuleGetFunction(&fn, module, "openreg_test_fill_u32"));
+  std::vector<char> big(OR_MAX_KERNEL_PARAMS + 1);
+  const uint64_t launched = [] {
+    orDebugCounters c{};
+    orGetDebugCounters(&c);
+    return c.kernels_launched;
+  }();
+  EXPECT_FAILS(orLaunchModuleKernel(nullptr, fn, big.data(), big.size()), orErrorInvalidValue,
+               "orLaunchModuleKernel", "params_size=32769", "32768");
+  EXPECT_FAILS(orLaunchModuleKernel(nullptr, fn, nullptr, 8), orErrorInvalidValue,
+               "orLaunchModuleKernel", "params is null");
+  EXPECT_FAILS(orLaunchModuleKernel(nullptr, reinterpret_cast<orFunction_t>(&not_a_module),
+                                    nullptr, 0),
+               orErrorInvalidHandle, "orLaunchModuleKernel", "function=");
+  orDebugCounters c{};
+  orGetDebugCounters(&c);
+  EXPECT_EQ(c.kernels_launched, launched) << "a refused launch launched nothing";
+}
+
+// ------------------------------------------------------------ process mode
+
+void UseProcessMode(const char* device_count) {
+  setenv("OPENREG_EXECUTOR", "process", 1);
+  setenv("OPENREG_DEVICE_COUNT", device_count, 1);
+  setenv("OPENREG_DEVICE_MEMORY", "256M", 1);
+  DisableCoreDumps();
+}
+
+[[noreturn]] void CheckProcessModeRunsDevicesInExecutors() {
+  UseProcessMode("2");
+  ChildReport report;
+  int process = 0;
+  report.ExpectOk(orGetExecutionMode(&process), "orGetExecutionMode");
+  report.Expect(process == 1, "process mode is on");
+  constexpr size_t kBytes = (size_t{3} << 20) + 123;
+  void* a = nullptr;
+  void* b = nullptr;
+  report.ExpectOk(orMalloc(&a, kBytes), "orMalloc a on device 0");
+  report.ExpectOk(orMalloc(&b, kBytes), "orMalloc b on device 0");
+  int pid0 = -1;
+  report.ExpectOk(orDeviceGetExecutorPid(0, &pid0), "orDeviceGetExecutorPid(0)");
+  report.Expect(pid0 > 0 && pid0 != getpid(), "device 0 has an executor process of its own");
+
+  // Copies in every direction, and memset, move the right bytes.
+  const std::vector<unsigned char> pattern = Pattern(kBytes, 3);
+  report.ExpectOk(orMemcpy(a, pattern.data(), kBytes, orMemcpyHostToDevice), "H2D");
+  report.Expect(ReadDevice(a, kBytes) == pattern, "D2H reads what H2D wrote");
+  report.ExpectOk(orMemcpy(b, a, kBytes, orMemcpyDeviceToDevice), "D2D on device 0");
+  report.Expect(ReadDevice(b, kBytes) == pattern, "D2D copied every byte");
+  report.ExpectOk(orMemsetAsync(static_cast<char*>(b) + 10, 0xab, 100, nullptr), "memset");
+  std::vector<unsigned char> expected = pattern;
+  std::fill(expected.begin() + 10, expected.begin() + 110, 0xab);
+  report.Expect(ReadDevice(b, kBytes) == expected, "memset wrote its range only");
+
+  // A peer copy between the two executors.
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1)");
+  void* c = nullptr;
+  report.ExpectOk(orMalloc(&c, kBytes), "orMalloc c on device 1");
+  int pid1 = -1;
+  report.ExpectOk(orDeviceGetExecutorPid(1, &pid1), "orDeviceGetExecutorPid(1)");
+  report.Expect(pid1 > 0 && pid1 != pid0 && pid1 != getpid(), "device 1 has its own executor");
+  report.ExpectOk(orMemcpy(c, b, kBytes, orMemcpyDeviceToDevice), "D2D device 0 -> 1");
+  report.Expect(ReadDevice(c, kBytes) == expected, "the peer copy moved every byte");
+
+  // Kernels run in the executor, in stream order behind a gate, and events
+  // order another stream after them.
+  report.ExpectOk(orSetDevice(0), "orSetDevice(0)");
+  void* where = nullptr;
+  void* flag = nullptr;
+  report.ExpectOk(orMalloc(&where, 8), "orMalloc where");
+  report.ExpectOk(orMalloc(&flag, 4), "orMalloc flag");
+  report.ExpectOk(orMemsetAsync(flag, 0, 4, nullptr), "clear the gate flag");
+  report.ExpectOk(orStreamSynchronize(nullptr), "sync");
+  orStream_t s1 = nullptr, s2 = nullptr, opener = nullptr;
+  report.ExpectOk(orStreamCreate(&s1), "orStreamCreate s1");
+  report.ExpectOk(orStreamCreate(&s2), "orStreamCreate s2");
+  report.ExpectOk(orStreamCreate(&opener), "orStreamCreate opener");
+  orEvent_t done = nullptr;
+  report.ExpectOk(orEventCreate(&done), "orEventCreate");
+  report.ExpectOk(Launch(s1, "openreg_test_gate", PointerParams{Addr(flag)}), "gate kernel");
+  report.ExpectOk(Launch(s1, "openreg_test_fill_u32", FillParams{Addr(a), 1000, 41}), "fill");
+  report.ExpectOk(orEventRecord(done, s1), "record");
+  report.ExpectOk(orStreamWaitEvent(s2, done), "s2 waits for s1");
+  report.ExpectOk(Launch(s2, "openreg_test_add_u32", AddParams{Addr(b), Addr(a), 1000, 1}),
+                  "add on s2");
+  report.ExpectOk(Launch(s2, "openreg_test_where", PointerParams{Addr(where)}), "where on s2");
+  report.Expect(orStreamQuery(s1) == orErrorNotReady, "s1 is held by its gate");
+  report.Expect(orStreamQuery(s2) == orErrorNotReady, "s2 waits for s1's event");
+  report.Expect(orEventQuery(done) == orErrorNotReady, "the event is pending");
+  const uint32_t one = 1;
+  report.ExpectOk(orMemcpyAsync(flag, &one, 4, orMemcpyHostToDevice, opener), "open the gate");
+  report.ExpectOk(orStreamSynchronize(s2), "sync s2");
+  report.Expect(ReadU32(b, 1000) == std::vector<uint32_t>(1000, 42), "add ran after fill");
+  const std::vector<uint32_t> w = ReadU32(where, 2);
+  report.Expect(static_cast<int>(w[0]) == pid0, "the kernel ran in device 0's executor");
+  report.Expect(w[1] == 0, "the kernel's context names device 0");
+
+  // A failing kernel fails its stream with its message; host functions
+  // cannot run in an executor.
+  report.ExpectOk(Launch(s1, "openreg_test_fail", PointerParams{0}), "failing kernel");
+  report.ExpectFails(orStreamSynchronize(s1), orErrorKernelFailed,
+                     {"openreg_test_fail failed on purpose"}, "the kernel's error");
+  report.ExpectFails(LaunchFn(s1, [] { return orSuccess; }), orErrorNotSupported,
+                     {"orLaunchKernel", "OPENREG_EXECUTOR=process", "orLaunchModuleKernel"},
+                     "host-function kernels are refused");
+  report.ExpectFails(orLaunchKernelSync(s1, [](void*) { return orSuccess; }, nullptr),
+                     orErrorNotSupported, {"orLaunchKernelSync"}, "sync host kernels too");
+
+  // Large blocks give their pages back on free, and the memory is reusable.
+  report.ExpectOk(orFree(a), "orFree a");
+  void* again = nullptr;
+  report.ExpectOk(orMalloc(&again, kBytes), "orMalloc again");
+  report.ExpectOk(orMemcpy(again, pattern.data(), kBytes, orMemcpyHostToDevice), "H2D again");
+  report.Expect(ReadDevice(again, kBytes) == pattern, "reused memory holds new data");
+  size_t free_bytes = 0, total = 0;
+  report.ExpectOk(orDeviceGetMemoryInfo(0, &free_bytes, &total), "orDeviceGetMemoryInfo");
+  report.Expect(total == (size_t{256} << 20), "capacity is the configured size");
+  report.ExpectOk(orDeviceSynchronize(0), "orDeviceSynchronize(0)");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeRunsDevicesInExecutors) {
+  EXPECT_IN_FRESH_PROCESS(CheckProcessModeRunsDevicesInExecutors());
+}
+
+[[noreturn]] void CheckHostReadOfExecutorMemoryFaults() {
+  UseProcessMode("1");
+  void* p = nullptr;
+  if (orMalloc(&p, 64) != orSuccess) _exit(3);
+  // The host reserves the addresses only: no memory is behind them here.
+  volatile char value = *static_cast<volatile char*>(p);
+  (void)value;
+  _exit(0);
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeHostReadOfDeviceMemoryFaults) {
+  EXPECT_EXIT(CheckHostReadOfExecutorMemoryFaults(), testing::KilledBySignal(SIGSEGV), "");
+}
+
+[[noreturn]] void CheckCrashingKernelLosesOnlyItsDevice() {
+  UseProcessMode("2");
+  ChildReport report;
+  void* keep = nullptr;
+  report.ExpectOk(orMalloc(&keep, 1024), "orMalloc on device 0");
+  const std::vector<unsigned char> pattern = Pattern(1024, 9);
+  report.ExpectOk(orMemcpy(keep, pattern.data(), 1024, orMemcpyHostToDevice), "H2D device 0");
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1)");
+  void* lost_memory = nullptr;
+  report.ExpectOk(orMalloc(&lost_memory, 1024), "orMalloc on device 1");
+  int pid1 = -1;
+  report.ExpectOk(orDeviceGetExecutorPid(1, &pid1), "executor pid of device 1");
+  report.ExpectOk(Launch(nullptr, "openreg_test_crash", PointerParams{0}), "crashing kernel");
+  report.ExpectFails(orStreamSynchronize(nullptr), orErrorDeviceLost,
+                     {"orStreamSynchronize", "device 1 was lost", "signal 11", "SIGSEGV",
+                      std::to_string(pid1)},
+                     "the crash loses device 1, with its cause");
+  int lost = 0;
+  report.ExpectOk(orDeviceIsLost(1, &lost), "orDeviceIsLost(1)");
+  report.Expect(lost == 1, "device 1 is lost");
+  void* more = nullptr;
+  report.ExpectFails(orMalloc(&more, 64), orErrorDeviceLost, {"orMalloc", "device 1"},
+                     "allocation on the lost device");
+  std::vector<unsigned char> back(1024);
+  report.ExpectFails(orMemcpy(back.data(), lost_memory, 1024, orMemcpyDeviceToHost),
+                     orErrorDeviceLost, {"device 1"}, "reading the lost device's memory");
+  size_t free_bytes = 0, total = 0;
+  report.ExpectFails(orDeviceGetMemoryInfo(1, &free_bytes, &total), orErrorDeviceLost,
+                     {"device 1"}, "the lost device's memory counts as gone");
+  report.ExpectOk(orFree(lost_memory), "orFree of the lost device's memory still works");
+  report.Expect(EndsWithin(pid1, std::chrono::seconds(30)), "the executor is gone");
+  // Device 0 and the host go on.
+  report.ExpectOk(orSetDevice(0), "orSetDevice(0)");
+  report.Expect(ReadDevice(keep, 1024) == pattern, "device 0 keeps its data");
+  report.ExpectOk(Launch(nullptr, "openreg_test_fill_u32", FillParams{Addr(keep), 4, 5}),
+                  "a kernel on device 0");
+  report.ExpectOk(orStreamSynchronize(nullptr), "device 0 synchronizes");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeCrashingKernelLosesOnlyItsDevice) {
+  EXPECT_IN_FRESH_PROCESS(CheckCrashingKernelLosesOnlyItsDevice());
+}
+
+[[noreturn]] void CheckKilledExecutorInTheMiddleOfQueuedWork() {
+  UseProcessMode("2");
+  ChildReport report;
+  void* flag = nullptr;
+  void* data = nullptr;
+  report.ExpectOk(orMalloc(&flag, 4), "orMalloc flag");
+  report.ExpectOk(orMalloc(&data, 4000), "orMalloc data");
+  report.ExpectOk(orMemsetAsync(flag, 0, 4, nullptr), "clear flag");
+  report.ExpectOk(orStreamSynchronize(nullptr), "sync");
+  orStream_t s = nullptr;
+  report.ExpectOk(orStreamCreate(&s), "orStreamCreate");
+  report.ExpectOk(Launch(s, "openreg_test_gate", PointerParams{Addr(flag)}), "gate");
+  report.ExpectOk(Launch(s, "openreg_test_fill_u32", FillParams{Addr(data), 1000, 1}), "fill");
+  orEvent_t e = nullptr;
+  report.ExpectOk(orEventCreate(&e), "orEventCreate");
+  report.ExpectOk(orEventRecord(e, s), "record behind the gate");
+  int pid = -1;
+  report.ExpectOk(orDeviceGetExecutorPid(0, &pid), "executor pid");
+  report.Expect(kill(pid, SIGKILL) == 0, "kill the executor");
+  report.ExpectFails(orStreamSynchronize(s), orErrorDeviceLost,
+                     {"device 0 was lost", "signal 9", "SIGKILL"},
+                     "waiting for the queued work fails with the cause");
+  report.ExpectFails(orEventSynchronize(e), orErrorDeviceLost, {"device 0"}, "event wait");
+  report.ExpectOk(orStreamDestroy(s), "orStreamDestroy still works");
+  report.ExpectOk(orEventDestroy(e), "orEventDestroy still works");
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1)");
+  void* other = nullptr;
+  report.ExpectOk(orMalloc(&other, 64), "device 1 allocates");
+  report.ExpectOk(Launch(nullptr, "openreg_test_fill_u32", FillParams{Addr(other), 16, 3}),
+                  "device 1 runs kernels");
+  report.Expect(ReadU32(other, 16) == std::vector<uint32_t>(16, 3), "device 1 computes");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeKilledExecutorInTheMiddleOfQueuedWork) {
+  EXPECT_IN_FRESH_PROCESS(CheckKilledExecutorInTheMiddleOfQueuedWork());
+}
+
+[[noreturn]] void CheckInjectedFaultEndsTheExecutor() {
+  UseProcessMode("1");
+  ChildReport report;
+  report.ExpectOk(orDeviceInit(0), "orDeviceInit(0)");
+  int pid = -1;
+  report.ExpectOk(orDeviceGetExecutorPid(0, &pid), "executor pid");
+  report.ExpectOk(orDeviceInjectFault(0, "an injected test fault"), "orDeviceInjectFault");
+  report.ExpectFails(orDeviceSynchronize(0), orErrorDeviceLost, {"an injected test fault"},
+                     "the injected cause is the one reported");
+  report.Expect(EndsWithin(pid, std::chrono::seconds(30)), "the executor ended");
+  // The monitor's later cause (the kill) does not replace the first.
+  report.ExpectFails(orDeviceSynchronize(0), orErrorDeviceLost, {"an injected test fault"},
+                     "the first cause stays");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeInjectedFaultEndsTheExecutor) {
+  EXPECT_IN_FRESH_PROCESS(CheckInjectedFaultEndsTheExecutor());
+}
+
+// A host killed with SIGKILL leaves no executor behind.
+[[noreturn]] void CheckNoOrphanExecutors() {
+  UseProcessMode("2");
+  ChildReport report;
+  int fds[2];
+  report.Expect(pipe(fds) == 0, "pipe");
+  const pid_t host = fork();
+  if (host == 0) {
+    // The executors inherit stderr: not the test's pipe, so that executors
+    // left behind (the failure this test looks for) cannot hold it open.
+    freopen("/dev/null", "w", stderr);
+    int pids[2] = {-1, -1};
+    orDeviceInit(0);
+    orDeviceInit(1);
+    orDeviceGetExecutorPid(0, &pids[0]);
+    orDeviceGetExecutorPid(1, &pids[1]);
+    ssize_t ignored = write(fds[1], pids, sizeof(pids));
+    (void)ignored;
+    pause();
+    _exit(0);
+  }
+  int pids[2] = {-1, -1};
+  report.Expect(read(fds[0], pids, sizeof(pids)) == sizeof(pids), "read executor pids");
+  report.Expect(pids[0] > 0 && pids[1] > 0, "the host started two executors");
+  kill(host, SIGKILL);
+  waitpid(host, nullptr, 0);
+  for (int pid : pids) {
+    if (pid > 0) {
+      report.Expect(EndsWithin(pid, std::chrono::seconds(30)),
+                    "executor " + std::to_string(pid) + " ended with its host");
+    }
+  }
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeLeavesNoOrphansWhenTheHostIsKilled) {
+  EXPECT_IN_FRESH_PROCESS(CheckNoOrphanExecutors());
+}
+
+[[noreturn]] void CheckBadExecutorSettings(const char* mode, const char* path,
+                                           std::initializer_list<std::string_view> fragments,
+                                           orError_t expected) {
+  setenv("OPENREG_EXECUTOR", mode, 1);
+  if (path) setenv("OPENREG_EXECUTOR_PATH", path, 1);
+  ChildReport report;
+  void* p = nullptr;
+  report.ExpectFails(orMalloc(&p, 64), expected, fragments, "orMalloc");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeSettingsAreCheckedWithClearErrors) {
+  EXPECT_IN_FRESH_PROCESS(CheckBadExecutorSettings(
+      "processes", nullptr, {"OPENREG_EXECUTOR='processes'", "'thread'", "'process'"},
+      orErrorInitialization));
+  EXPECT_IN_FRESH_PROCESS(CheckBadExecutorSettings(
+      "process", "/nonexistent/openreg-executor",
+      {"cannot initialize device 0", "/nonexistent/openreg-executor", "OPENREG_EXECUTOR_PATH"},
+      orErrorInitialization));
+}
+
+}  // namespace
+}  // namespace openreg_test
