@@ -231,7 +231,11 @@ orError_t get_device(const char* call, int device, Device** out) {
     }
     StreamRef stream = new_stream(fresh, 0, /*is_default=*/true);
     fresh->default_stream = stream;
-    fresh->streams.push_back(stream);
+    {
+      // An executor's monitor may lose the device already (lose_device).
+      std::lock_guard<std::mutex> streams_lock(fresh->streams_mutex);
+      fresh->streams.push_back(stream);
+    }
     g_devices[device].store(fresh, std::memory_order_release);
     g_any_initialized.store(true);
     g_device_inits.fetch_add(1);
