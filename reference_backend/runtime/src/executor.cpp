@@ -206,19 +206,15 @@ orError_t Executor::request(const char* call, uint32_t command, uint64_t a, uint
   }
   const int index = acquire_channel();
   Channel& ch = shared_of(shared_)->channels[index];
-  uint32_t expected = kIdle;
-  // A dead executor's channels stay kDead.
-  if (!ch.state.compare_exchange_strong(expected, kIdle)) {
-    release_channel(index);
-    return fail_lost(call, device_->index);
-  }
   ch.command = command;
   ch.a = a;
   ch.b = b;
   ch.c = c;
   ch.payload_size = static_cast<uint32_t>(payload_size);
   if (payload_size) std::memcpy(ch.payload, payload, payload_size);
-  expected = kIdle;
+  // A dead executor's channels stay kDead: the request is then never posted
+  // (the fields written above are never read).
+  uint32_t expected = kIdle;
   if (!ch.state.compare_exchange_strong(expected, kRequest, std::memory_order_acq_rel)) {
     release_channel(index);
     return fail_lost(call, device_->index);

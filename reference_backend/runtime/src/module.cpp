@@ -126,8 +126,8 @@ orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function, const v
   }
   StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
-  Device* d = nullptr;
-  if (orError_t e = get_device(call, s->device, &d)) return e;
+  // A live stream's device is initialized (resolve_stream checked it is not lost).
+  Device* d = device_if_initialized(s->device);
   g_kernels.fetch_add(1, std::memory_order_relaxed);
   if (d->executor) {
     // The request as the executor reads it: header, path, name, parameters.

@@ -3,6 +3,8 @@
 // host's stream workers (thread mode) and in executors (process mode).
 #include <openreg/runtime.h>
 
+#include "test_kernels_params.h"
+
 #include <unistd.h>
 
 #include <csignal>
@@ -20,22 +22,9 @@ orError_t map(const orKernelContext* ctx, uint64_t device_ptr, size_t bytes, T**
   return e;
 }
 
-struct FillParams {
-  uint64_t dst;
-  uint64_t count;
-  uint32_t value;
-};
-
-struct AddParams {
-  uint64_t dst;
-  uint64_t src;
-  uint64_t count;
-  uint32_t addend;
-};
-
-struct PointerParams {
-  uint64_t ptr;
-};
+using openreg_test_kernels::AddParams;
+using openreg_test_kernels::FillParams;
+using openreg_test_kernels::PointerParams;
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // (OPENREG_EXECUTOR=process): devices as executor processes that own their
 // memory, and what happens when one dies.
 #include "test_helpers.h"
+#include "test_kernels_params.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,20 +19,9 @@
 namespace openreg_test {
 namespace {
 
-struct FillParams {
-  uint64_t dst;
-  uint64_t count;
-  uint32_t value;
-};
-struct AddParams {
-  uint64_t dst;
-  uint64_t src;
-  uint64_t count;
-  uint32_t addend;
-};
-struct PointerParams {
-  uint64_t ptr;
-};
+using openreg_test_kernels::AddParams;
+using openreg_test_kernels::FillParams;
+using openreg_test_kernels::PointerParams;
 
 uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
