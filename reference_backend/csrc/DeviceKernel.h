@@ -68,6 +68,14 @@ class AliasBuilder {
   std::unordered_map<const c10::StorageImpl*, c10::Storage> device_by_cpu_;
 };
 
+// Whether the runtime runs devices as executor processes
+// (OPENREG_EXECUTOR=process; docs/reference-backend/executor.md). There,
+// launch_kernel runs its body on the calling thread over staged host copies
+// of the device memory it aliases (it waits for the stream first and copies
+// back what the body changed), and the asynchronous operator path sends its
+// operators to the executor instead (OperatorPayload.h).
+bool process_mode();
+
 // Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
 // operators whose results' geometry their Meta kernel tells, instead of
 // waiting for them. On unless the environment variable

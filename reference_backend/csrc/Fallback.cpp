@@ -26,6 +26,7 @@
 #include "Generator.h"
 #include "MetaKernels.h"
 #include "Mutants.h"
+#include "OperatorPayload.h"
 #include "Stream.h"
 #include "Allocator.h"
 
@@ -35,6 +36,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ScopeExit.h>
 #include <torch/library.h>
+
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -390,6 +393,105 @@ struct QueuedOutput {
   int ref;                        // the preallocated result (fresh) or the aliased input (view)
   bool view;
 };
+
+// Process mode: the executor's operator kernel (ExecutorKernels.cpp), from
+// the module installed next to this library; loaded at the first operator.
+orFunction_t operator_kernel() {
+  static const orFunction_t function = [] {
+    Dl_info info{};
+    TORCH_CHECK(dladdr(reinterpret_cast<void*>(&operator_kernel), &info) != 0 && info.dli_fname != nullptr,
+                "OpenReg: cannot locate libopenreg_torch to find ", payload::kModuleFile);
+    std::string path = info.dli_fname;
+    path = path.substr(0, path.rfind('/') + 1) + payload::kModuleFile;
+    orModule_t module = nullptr;
+    OPENREG_CHECK(orModuleLoad(&module, path.c_str()));
+    orFunction_t fn = nullptr;
+    OPENREG_CHECK(orModuleGetFunction(&fn, module, payload::kKernelName));
+    return fn;
+  }();
+  return function;
+}
+
+// Process mode: the queued operator's description for the executor
+// (OperatorPayload.h), or nothing when it has something the format does
+// not carry or exceeds a kernel's parameter block (it then runs staged on
+// the host: launch_kernel).
+std::optional<std::vector<char>> encode_operator(const c10::FunctionSchema& schema,
+                                                 const std::vector<TensorRef>& refs,
+                                                 const std::vector<QueuedArg>& queued,
+                                                 const std::vector<QueuedOutput>& outputs) {
+  payload::Writer w;
+  w.put<uint32_t>(payload::kMagic);
+  w.put_string(schema.name());
+  w.put_string(schema.overload_name());
+  w.put<uint32_t>(static_cast<uint32_t>(refs.size()));
+  for (const TensorRef& ref : refs) {
+    payload::TensorDesc d;
+    d.identity = reinterpret_cast<uint64_t>(ref.storage_identity);
+    d.data = reinterpret_cast<uint64_t>(ref.storage_data);
+    d.nbytes = ref.storage_nbytes;
+    d.offset = ref.storage_offset;
+    d.scalar_type = static_cast<int32_t>(ref.dtype.toScalarType());
+    d.conj = ref.conj;
+    d.neg = ref.neg;
+    d.sizes = ref.sizes;
+    d.strides = ref.strides;
+    w.put_tensor(d);
+  }
+  w.put<uint32_t>(static_cast<uint32_t>(queued.size()));
+  for (const QueuedArg& q : queued) {
+    switch (q.kind) {
+      case QueuedArg::Kind::kValue:
+        w.put(payload::ArgKind::kValue);
+        if (!w.put_value(q.value)) return std::nullopt;
+        continue;
+      case QueuedArg::Kind::kGenerator: {
+        w.put(payload::ArgKind::kGenerator);
+        w.put<uint8_t>(!q.value.isNone());
+        if (!q.value.isNone()) {
+          const at::Tensor state = q.value.toGenerator().get_state();
+          w.put_bytes(state.const_data_ptr(), state.nbytes());
+        }
+        continue;
+      }
+      case QueuedArg::Kind::kTensor:
+        w.put(payload::ArgKind::kTensor);
+        break;
+      case QueuedArg::Kind::kTensorList:
+        w.put(payload::ArgKind::kTensorList);
+        break;
+      case QueuedArg::Kind::kOptionalTensorList:
+        w.put(payload::ArgKind::kOptionalTensorList);
+        break;
+    }
+    w.put<uint32_t>(static_cast<uint32_t>(q.refs.size()));
+    for (size_t k = 0; k < q.refs.size(); ++k) {
+      if (q.refs[k] >= 0) {
+        w.put(payload::ElementTag::kRef);
+        w.put<int32_t>(q.refs[k]);
+      } else if (q.cpu[k].defined()) {
+        const at::Tensor& t = q.cpu[k];
+        w.put(payload::ElementTag::kCpuScalar);
+        w.put<int32_t>(static_cast<int32_t>(t.scalar_type()));
+        w.put<uint8_t>(t.unsafeGetTensorImpl()->is_wrapped_number());
+        if (!w.put_scalar(t.item())) return std::nullopt;
+      } else if (q.kind == QueuedArg::Kind::kOptionalTensorList && q.none[k]) {
+        w.put(payload::ElementTag::kNone);
+      } else {
+        w.put(payload::ElementTag::kUndefined);
+      }
+    }
+  }
+  w.put<uint32_t>(static_cast<uint32_t>(outputs.size()));
+  for (const QueuedOutput& o : outputs) {
+    w.put<uint32_t>(static_cast<uint32_t>(o.ret));
+    w.put<int32_t>(o.element ? static_cast<int32_t>(*o.element) : -1);
+    w.put<int32_t>(o.ref);
+    w.put<uint8_t>(o.view);
+  }
+  if (w.bytes().size() > OR_MAX_KERNEL_PARAMS) return std::nullopt;
+  return w.bytes();
+}
 
 // Whether the asynchronous path is on: unless OPENREG_ASYNC_OPERATORS=0 when
 // the library loads, or set_async_operators(false).
@@ -854,6 +956,17 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     }
   }
   async_launches.fetch_add(1, std::memory_order_relaxed);
+  // Process mode: the executor runs the operator (mutants of the CPU
+  // kernel's inputs and results apply in thread mode only).
+  if (process_mode()) {
+    if (auto described = encode_operator(schema, refs, queued, queued_outputs)) {
+      OPENREG_CHECK(orLaunchModuleKernel(native_stream(stream), operator_kernel(), described->data(),
+                                         described->size()));
+      torch::jit::drop(*stack, num_args);
+      for (auto& v : outputs) stack->push_back(std::move(v));
+      return true;
+    }
+  }
   launch_kernel(stream, [handle = op, refs = std::move(refs), queued = std::move(queued),
                                          queued_outputs = std::move(queued_outputs)] {
     const auto& schema = handle.schema();

@@ -50,15 +50,6 @@ if os.environ.get("OPENREG_ASYNC_OPERATORS", "1") not in ("", "0", "1"):
     raise ValueError(f"OPENREG_ASYNC_OPERATORS={os.environ['OPENREG_ASYNC_OPERATORS']!r}: expected 1 (asynchronous "
                      "operators, the default) or 0 (operators wait for their stream; "
                      "docs/reference-backend/streams-and-events.md)")
-# OPENREG_EXECUTOR=process (devices as executor processes) is a mode of the
-# runtime's C API so far: PyTorch's operators run as host-function kernels,
-# which an executor cannot run. Refuse it here rather than fail every operator.
-if os.environ.get("OPENREG_EXECUTOR", "") == "process":
-    raise RuntimeError("OPENREG_EXECUTOR=process: OpenReg's PyTorch integration does not run in "
-                       "process mode yet (its operators are host-function kernels); only the "
-                       "runtime's C API does (docs/reference-backend/executor.md). Unset it or "
-                       "set OPENREG_EXECUTOR=thread")
-
 __all__ = [
     "Event",
     "Stream",
