@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 namespace openreg {
 
@@ -107,6 +108,7 @@ struct StagedBuffer {
 struct Staging {
   orStream_t stream;
   std::vector<std::shared_ptr<StagedBuffer>> buffers;
+  std::unordered_map<void*, std::shared_ptr<StagedBuffer>> by_device;
 };
 thread_local Staging* current_staging = nullptr;
 
@@ -114,9 +116,14 @@ void delete_staged(void* context) {
   delete static_cast<std::shared_ptr<StagedBuffer>*>(context);
 }
 
-c10::DataPtr stage(void* device_data, size_t nbytes) {
+std::shared_ptr<StagedBuffer> staged_buffer(void* device_data, size_t nbytes) {
   TORCH_INTERNAL_ASSERT(current_staging != nullptr,
-                        "OpenReg: a kernel alias was made outside launch_kernel in process mode");
+                        "OpenReg: device memory was mapped outside a kernel in process mode");
+  auto known = current_staging->by_device.find(device_data);
+  if (known != current_staging->by_device.end()) {
+    TORCH_INTERNAL_ASSERT(known->second->nbytes == nbytes, "OpenReg: one allocation staged with two sizes");
+    return known->second;
+  }
   auto buffer = std::make_shared<StagedBuffer>();
   buffer->device = device_data;
   buffer->nbytes = nbytes;
@@ -126,6 +133,12 @@ c10::DataPtr stage(void* device_data, size_t nbytes) {
   buffer->snapshot.reset(new char[nbytes]);
   std::memcpy(buffer->snapshot.get(), buffer->data.get(), nbytes);
   current_staging->buffers.push_back(buffer);
+  current_staging->by_device.emplace(device_data, buffer);
+  return buffer;
+}
+
+c10::DataPtr stage(void* device_data, size_t nbytes) {
+  std::shared_ptr<StagedBuffer> buffer = staged_buffer(device_data, nbytes);
   void* host = buffer->data.get();
   return c10::DataPtr(host, new std::shared_ptr<StagedBuffer>(std::move(buffer)), &delete_staged,
                       c10::Device(c10::kCPU));
@@ -161,6 +174,18 @@ void launch_staged(orStream_t native, std::function<void()> body) {
   if (task.error) std::rethrow_exception(task.error);
   write_back(staging);
 }
+
+}  // namespace
+
+void run_staged(const c10::Stream& stream, std::function<void()> body) {
+  launch_staged(native_stream(stream), std::move(body));
+}
+
+void* staged_pointer(void* device_data, size_t nbytes) {
+  return staged_buffer(device_data, nbytes)->data.get();
+}
+
+namespace {
 
 at::Tensor make_alias(const c10::Storage& cpu, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
                       c10::IntArrayRef strides, int64_t offset, bool conj, bool neg) {

@@ -75,6 +75,12 @@ class AliasBuilder {
 // back what the body changed), and the asynchronous operator path sends its
 // operators to the executor instead (OperatorPayload.h).
 bool process_mode();
+// Process mode: runs `body` on the calling thread as a kernel of `stream`,
+// over staged host copies (what launch_kernel does there), rethrowing its
+// exception; inside it, staged_pointer gives the host copy of `nbytes` at a
+// device address (one copy per allocation and kernel).
+void run_staged(const c10::Stream& stream, std::function<void()> body);
+void* staged_pointer(void* device_data, size_t nbytes);
 
 // Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
 // operators whose results' geometry their Meta kernel tells, instead of

@@ -24,6 +24,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 namespace py = pybind11;
@@ -113,9 +114,20 @@ std::mutex& gates_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::unordered_map<int64_t, std::shared_ptr<std::promise<void>>>& gates() {
-  static std::unordered_map<int64_t, std::shared_ptr<std::promise<void>>> map;
-  return map;
+// Testing gates (_testing_block_stream): the two words a held stream writes
+// and waits on. Entries are kept for the process's life (8 bytes each): a
+// stream may still read `opened` after the host set it.
+struct Gate {
+  alignas(4) uint32_t running = 0;
+  alignas(4) uint32_t opened = 0;
+};
+struct GateEntry {
+  Gate words;
+  bool opened_by_host = false;
+};
+std::unordered_map<int64_t, std::unique_ptr<GateEntry>>& gates() {
+  static auto* map = new std::unordered_map<int64_t, std::unique_ptr<GateEntry>>();
+  return *map;
 }
 int64_t& next_gate_id() {
   static int64_t id = 1;
@@ -212,34 +224,27 @@ PYBIND11_MODULE(_C, m) {
   // so that tests can observe work still in flight without guessing at
   // sleeps. Returns a gate id for _testing_open_gate.
   m.def("_testing_block_stream", [](const c10::Stream& stream) {
-    // The kernel tells when it runs, so that the call returns with the hold
-    // in effect: the stream's last task is running (not merely queued).
-    struct Gate {
-      std::shared_future<void> opened;
-      std::promise<void> running;
-    };
-    auto gate = std::make_shared<std::promise<void>>();
-    auto* arg = new Gate{gate->get_future().share(), {}};
-    auto running = arg->running.get_future();
-    const orStream_t native = openreg::native_stream(stream);
-    OPENREG_CHECK(orLaunchKernel(native, [](void* p) -> orError_t {
-      auto* g = static_cast<Gate*>(p);
-      g->running.set_value();
-      g->opened.wait();
-      delete g;
-      return orSuccess;
-    }, arg));
+    // Stream memory operations, which work in both execution modes: the
+    // stream writes `running` when it reaches the hold, then waits for
+    // `opened`. The call returns with the hold in effect: the stream's last
+    // task is running (not merely queued).
+    Gate* gate = nullptr;
     int64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(gates_mutex());
       id = next_gate_id()++;
-      gates().emplace(id, std::move(gate));
+      gate = &gates().emplace(id, std::make_unique<GateEntry>()).first->second->words;
     }
-    {
-      // Bounded: work queued before the gate (or a wait on another held
-      // stream) may keep it from starting; the hold is in effect either way.
-      py::gil_scoped_release no_gil;
-      running.wait_for(std::chrono::seconds(10));
+    const orStream_t native = openreg::native_stream(stream);
+    OPENREG_CHECK(orStreamWriteValue32(native, &gate->running, 1));
+    OPENREG_CHECK(orStreamWaitValue32(native, &gate->opened, 1));
+    // Bounded: work queued before the gate (or a wait on another held
+    // stream) may keep it from starting; the hold is in effect either way.
+    py::gil_scoped_release no_gil;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (__atomic_load_n(&gate->running, __ATOMIC_ACQUIRE) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     return id;
   });
@@ -249,15 +254,13 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(orDeviceInit(static_cast<int>(index)));
   });
   m.def("_testing_open_gate", [](int64_t id) {
-    std::shared_ptr<std::promise<void>> gate;
-    {
-      std::lock_guard<std::mutex> lock(gates_mutex());
-      auto it = gates().find(id);
-      TORCH_CHECK(it != gates().end(), "OpenReg: no open gate ", id);
-      gate = std::move(it->second);
-      gates().erase(it);
-    }
-    gate->set_value();
+    std::lock_guard<std::mutex> lock(gates_mutex());
+    auto it = gates().find(id);
+    TORCH_CHECK(it != gates().end(), "OpenReg: no gate ", id);
+    TORCH_CHECK(!it->second->opened_by_host, "OpenReg: gate ", id, " is already open");
+    it->second->opened_by_host = true;
+    // The entry stays: the stream may read the word after this store.
+    __atomic_store_n(&it->second->words.opened, 1u, __ATOMIC_RELEASE);
   });
 
   // Mutation testing (csrc/Mutants.h): the mutants implemented in C++.

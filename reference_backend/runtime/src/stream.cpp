@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <unordered_map>
 
 namespace openreg::runtime {
@@ -466,6 +468,48 @@ orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   g_kernels.fetch_add(1, std::memory_order_relaxed);
   s->enqueue({[fn, arg]() { return fn(arg); }, nullptr});
+  return orSuccess;
+}
+
+orError_t orStreamWaitValue32(orStream_t stream, const uint32_t* address, uint32_t value) {
+  const char* call = "orStreamWaitValue32";
+  if (!address) return fail(orErrorInvalidValue, "%s: address is null", call);
+  if (reinterpret_cast<uintptr_t>(address) % alignof(uint32_t) != 0) {
+    return fail(orErrorInvalidValue, "%s: address=%p is not 4-byte aligned", call,
+                static_cast<const void*>(address));
+  }
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  // Runs where the stream is ordered (its worker thread, in this process in
+  // both modes): polls the word, sleeping between reads up to a millisecond.
+  s->enqueue({[address, value]() {
+                const auto* word = reinterpret_cast<const std::atomic<uint32_t>*>(address);
+                long sleep_ns = 1000;
+                while (word->load(std::memory_order_acquire) < value) {
+                  const timespec pause{0, sleep_ns};
+                  nanosleep(&pause, nullptr);
+                  sleep_ns = std::min(sleep_ns * 2, 1000000L);
+                }
+                return orSuccess;
+              },
+              nullptr});
+  return orSuccess;
+}
+
+orError_t orStreamWriteValue32(orStream_t stream, uint32_t* address, uint32_t value) {
+  const char* call = "orStreamWriteValue32";
+  if (!address) return fail(orErrorInvalidValue, "%s: address is null", call);
+  if (reinterpret_cast<uintptr_t>(address) % alignof(uint32_t) != 0) {
+    return fail(orErrorInvalidValue, "%s: address=%p is not 4-byte aligned", call,
+                static_cast<void*>(address));
+  }
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  s->enqueue({[address, value]() {
+                reinterpret_cast<std::atomic<uint32_t>*>(address)->store(value, std::memory_order_release);
+                return orSuccess;
+              },
+              nullptr});
   return orSuccess;
 }
 

@@ -164,6 +164,17 @@ OR_API orError_t orStreamSynchronize(orStream_t stream);
 // `event` (at the time of this call). An unrecorded event is a no-op.
 OR_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
 
+// Stream memory operations on host memory (as CUDA's cuStreamWaitValue32
+// and cuStreamWriteValue32 on host-registered memory), in both execution
+// modes: work launched on `stream` after orStreamWaitValue32 waits until the
+// 32-bit word at `address` is >= `value` (read with acquire order, polled);
+// orStreamWriteValue32 stores `value` there (release order) once the work
+// before it is done. `address` must be 4-byte aligned and stay valid until
+// the operation ran. A wait that is never satisfied holds the stream (and
+// orStreamSynchronize) forever: meant for tests and for host-driven gating.
+OR_API orError_t orStreamWaitValue32(orStream_t stream, const uint32_t* address, uint32_t value);
+OR_API orError_t orStreamWriteValue32(orStream_t stream, uint32_t* address, uint32_t value);
+
 // A kernel: a function run on the stream's worker thread. It returns
 // orSuccess or an error code; on error it may call orKernelSetError first.
 // A failed kernel makes the stream's next query/synchronize return
