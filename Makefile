@@ -13,7 +13,7 @@ REPORT_DIR ?= conformance-report
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 
-.PHONY: conformance test mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
+.PHONY: conformance conformance-process test mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -21,13 +21,21 @@ conformance: build
 	$(PYTHON) -m openreg
 	$(VENV)/bin/privateuse1-conformance run --backend openreg --report-dir $(REPORT_DIR)
 
+## The conformance suite against OpenReg in process mode (each device an
+## executor process: docs/reference-backend/executor.md); part of `make test`.
+conformance-process: build
+	OPENREG_EXECUTOR=process $(VENV)/bin/privateuse1-conformance run --backend openreg \
+	  --report-dir build/conformance-report-process
+
 ## All of the project's tests: the runtime's GoogleTest suite (plain, under
-## ASan+UBSan and under TSan), a short fuzzing run of the runtime, and pytest
-## (with a sample of the mutation run: one mutant per contract area).
+## ASan+UBSan and under TSan), a short fuzzing run of the runtime, pytest
+## (with a sample of the mutation run: one mutant per contract area), and the
+## conformance suite against OpenReg in process mode.
 test: build
 	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
 	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q -m "not mutation"
+	$(MAKE) --no-print-directory conformance-process
 
 ## The whole mutation run: every mutant killed on target, and every ordering
 ## mutant killed in 20 of 20 runs on a busy machine (about an hour).

@@ -19,8 +19,19 @@ pytestmark = [pytest.mark.timeout(200),
               pytest.mark.skipif(N < 2, reason="needs two OpenReg devices")]
 
 
-def test_a_device_lost_in_the_middle_of_queued_work_fails_alone():
+# (execution mode, how the device is lost, what the cause says)
+LOSSES = [
+    pytest.param("thread", "inject", ["killed by the test"], id="thread-injected"),
+    pytest.param("process", "inject", ["killed by the test"], id="process-injected"),
+    pytest.param("process", "kill", ["signal 9", "SIGKILL"], id="process-executor-killed"),
+]
+
+
+@pytest.mark.parametrize("mode, how, cause", LOSSES)
+def test_a_device_lost_in_the_middle_of_queued_work_fails_alone(mode, how, cause):
     result = run_json("""
+        import os, signal, time
+        HOW = """ + repr(how) + """
         x1 = torch.arange(1000.0, device="openreg:1")
         y0 = torch.arange(1000.0, device="openreg:0")
         # The first call with new metadata runs synchronously; the next ones queue.
@@ -32,7 +43,16 @@ def test_a_device_lost_in_the_middle_of_queued_work_fails_alone():
             z1 = x1 * 2          # queued behind the gate
             after = x1 + 0.5     # queued too
         lost_before = openreg._C._is_device_lost(1)
-        openreg._C._inject_device_fault(1, "killed by the test")
+        process_mode = openreg._C._process_mode()
+        if HOW == "inject":
+            openreg._C._inject_device_fault(1, "killed by the test")
+        else:
+            # From outside, as an OOM killer or an operator would; the driver
+            # notices the executor's exit on its own (bounded wait).
+            os.kill(openreg._C._executor_pid(1), signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not openreg._C._is_device_lost(1) and time.monotonic() < deadline:
+                time.sleep(0.01)
         errors = {}
         calls = {
             "synchronize": lambda: torch.openreg.synchronize(1),
@@ -59,13 +79,15 @@ def test_a_device_lost_in_the_middle_of_queued_work_fails_alone():
         openreg._C._testing_open_gate(gate)
         del x1, z1, after
         torch.openreg.empty_cache()
-        emit({"lost_before": lost_before, "errors": errors, "other": other, "lost": lost})
-    """)
+        emit({"lost_before": lost_before, "errors": errors, "other": other, "lost": lost,
+              "process_mode": process_mode})
+    """, env={"OPENREG_EXECUTOR": mode})
+    assert result["process_mode"] == (mode == "process")
     assert result["lost_before"] is False
     assert result["lost"] == [False, True]
     for name, message in result["errors"].items():
         assert message is not None, f"{name} on the lost device did not raise"
-        assert "device 1 was lost" in message and "killed by the test" in message, (name, message)
+        assert "device 1 was lost" in message and all(part in message for part in cause), (name, message)
     assert result["other"] == float(sum(2 * i + 1 for i in range(1000)))
 
 

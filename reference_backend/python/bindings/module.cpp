@@ -179,6 +179,15 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     OPENREG_CHECK(orDeviceInjectFault(device, cause.c_str()));
   }, py::arg("device"), py::arg("cause") = "");
+  // Process mode (OPENREG_EXECUTOR=process): the executor process of an
+  // initialized device (RuntimeError in thread mode).
+  m.def("_executor_pid", [](const py::object& index) {
+    const auto device = openreg::resolve_device_index(to_index(index, "device", true));
+    int pid = 0;
+    OPENREG_CHECK(orDeviceGetExecutorPid(device, &pid));
+    return pid;
+  }, py::arg("device"));
+  m.def("_process_mode", [] { return openreg::process_mode(); });
   m.def("_is_device_lost", [](const py::object& index) {
     const auto device = openreg::resolve_device_index(to_index(index, "device", true));
     int lost = 0;

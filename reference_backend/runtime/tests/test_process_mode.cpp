@@ -242,6 +242,15 @@ void UseProcessMode(const char* device_count) {
   report.ExpectFails(orLaunchKernelSync(s1, [](void*) { return orSuccess; }, nullptr),
                      orErrorNotSupported, {"orLaunchKernelSync"}, "sync host kernels too");
 
+  // Stream memory operations run where streams are ordered, in both modes.
+  uint32_t gate = 0, reached = 0;
+  report.ExpectOk(orStreamWaitValue32(s1, &gate, 1), "orStreamWaitValue32");
+  report.ExpectOk(orStreamWriteValue32(s1, &reached, 7), "orStreamWriteValue32");
+  report.Expect(orStreamQuery(s1) == orErrorNotReady, "the wait holds the stream");
+  __atomic_store_n(&gate, 1u, __ATOMIC_RELEASE);
+  report.ExpectOk(orStreamSynchronize(s1), "the opened stream drains");
+  report.Expect(__atomic_load_n(&reached, __ATOMIC_ACQUIRE) == 7, "the write ran after the wait");
+
   // Large blocks give their pages back on free, and the memory is reusable.
   report.ExpectOk(orFree(a), "orFree a");
   void* again = nullptr;

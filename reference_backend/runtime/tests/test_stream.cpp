@@ -1044,3 +1044,41 @@ TEST(StressTest, ManyThreadsCreateStreamsLaunchAndAllocateConcurrently) {
 
 }  // namespace
 }  // namespace openreg_test
+
+namespace openreg_test {
+namespace {
+
+class StreamMemoryOpsTest : public RuntimeTest {};
+
+TEST_F(StreamMemoryOpsTest, AWaitHoldsLaterWorkUntilTheWordIsWritten) {
+  orStream_t stream = NewStream();
+  uint32_t gate = 0;
+  uint32_t first = 0;
+  uint32_t second = 0;
+  ASSERT_EQ(orStreamWriteValue32(stream, &first, 1), orSuccess) << orGetLastErrorMessage();
+  ASSERT_EQ(orStreamWaitValue32(stream, &gate, 2), orSuccess) << orGetLastErrorMessage();
+  ASSERT_EQ(orStreamWriteValue32(stream, &second, 1), orSuccess) << orGetLastErrorMessage();
+  EXPECT_EQ(orStreamQuery(stream), orErrorNotReady);
+  __atomic_store_n(&gate, 1u, __ATOMIC_RELEASE);  // below the value: still held
+  EXPECT_EQ(orStreamQuery(stream), orErrorNotReady);
+  EXPECT_EQ(__atomic_load_n(&second, __ATOMIC_ACQUIRE), 0u);
+  __atomic_store_n(&gate, 3u, __ATOMIC_RELEASE);  // >= the value: released
+  ASSERT_EQ(orStreamSynchronize(stream), orSuccess) << orGetLastErrorMessage();
+  EXPECT_EQ(__atomic_load_n(&first, __ATOMIC_ACQUIRE), 1u);
+  EXPECT_EQ(__atomic_load_n(&second, __ATOMIC_ACQUIRE), 1u);
+  EXPECT_EQ(orStreamDestroy(stream), orSuccess);
+}
+
+TEST_F(StreamMemoryOpsTest, RejectsBadArgumentsAtTheCall) {
+  alignas(8) uint32_t words[2] = {0, 0};
+  auto* misaligned = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(words) + 1);
+  EXPECT_FAILS(orStreamWaitValue32(nullptr, nullptr, 1), orErrorInvalidValue, "orStreamWaitValue32",
+               "address is null");
+  EXPECT_FAILS(orStreamWriteValue32(nullptr, misaligned, 1), orErrorInvalidValue, "orStreamWriteValue32",
+               "not 4-byte aligned");
+  EXPECT_FAILS(orStreamWaitValue32(DestroyedStream(), words, 1), orErrorInvalidHandle, "orStreamWaitValue32");
+  EXPECT_EQ(orStreamSynchronize(nullptr), orSuccess);  // nothing was queued
+}
+
+}  // namespace
+}  // namespace openreg_test
