@@ -82,6 +82,10 @@ bool process_mode();
 void run_staged(const c10::Stream& stream, std::function<void()> body);
 void* staged_pointer(void* device_data, size_t nbytes);
 
+// Process mode: queues dst.copy_(src), two tensors of one device, on
+// `stream`, to run in the device's executor (Fallback.cpp).
+void launch_copy_in_executor(const c10::Stream& stream, const at::Tensor& src, const at::Tensor& dst);
+
 // Asynchronous operators (Fallback.cpp): whether the CPU fallback queues
 // operators whose results' geometry their Meta kernel tells, instead of
 // waiting for them. On unless the environment variable

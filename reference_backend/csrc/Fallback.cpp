@@ -1228,6 +1228,23 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
+void launch_copy_in_executor(const c10::Stream& stream, const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_INTERNAL_ASSERT(process_mode());
+  static const c10::OperatorHandle copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  std::vector<TensorRef> refs{TensorRef(dst), TensorRef(src)};
+  std::vector<QueuedArg> queued(3);
+  for (int i = 0; i < 2; ++i) {
+    queued[i].kind = QueuedArg::Kind::kTensor;
+    queued[i].refs.push_back(i);
+    queued[i].cpu.emplace_back();
+  }
+  queued[2].value = c10::IValue(false);  // non_blocking
+  const auto described = encode_operator(copy.schema(), refs, queued, {});
+  TORCH_INTERNAL_ASSERT(described.has_value());
+  OPENREG_CHECK(orLaunchModuleKernel(native_stream(stream), operator_kernel(), described->data(),
+                                     described->size()));
+}
+
 bool async_operators() {
   return async_operators_on.load();
 }

@@ -216,6 +216,10 @@ void validate_conversion(c10::ScalarType from, c10::ScalarType to) {
 // Same-device copy with conversion/striding: a kernel running CPU copy_.
 void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Stream& stream) {
   if (!mutant::is("copy-validated-on-device")) validate_conversion(src.scalar_type(), dst.scalar_type());
+  if (process_mode()) {
+    launch_copy_in_executor(stream, src, dst);
+    return;
+  }
   launch_kernel(stream, [src = TensorRef(src), dst = TensorRef(dst)] {
     AliasBuilder builder;
     builder.alias(dst).copy_(builder.alias(src));
