@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from _support import run_python
+import torch
+
+from _support import run_json, run_python
 
 GiB = 1 << 30
 
@@ -108,12 +110,27 @@ def test_invalid_configuration_means_zero_devices_with_a_warning(name, value):
             f"with {setting}, {outcome} should be a RuntimeError naming the setting")
 
 
-def test_process_mode_is_refused_at_import_with_a_reason():
-    """OPENREG_EXECUTOR=process is a mode of the runtime's C API only, so far: the import
-    says so instead of every operator failing later."""
-    rc, _, err = run_python("import openreg", env={"OPENREG_EXECUTOR": "process"})
-    assert rc != 0
-    assert "RuntimeError: OPENREG_EXECUTOR=process" in err and "executor.md" in err, err
-    rc, _, err = run_python("import openreg, torch; torch.ones(2, device='openreg').sum().item()",
-                            env={"OPENREG_EXECUTOR": "thread"})
-    assert rc == 0, err
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_both_execution_modes_run_pytorch_operators_where_the_mode_says(mode):
+    """OPENREG_EXECUTOR picks where devices run; PyTorch's operators work in
+    both, and in process mode the device has an executor process of its own
+    that computes the queued operators."""
+    r = run_json("""
+        import os
+        x = torch.arange(64.0, device="openreg").view(8, 8)
+        y = (x @ x.t()).sum(dim=1)
+        value = y.cpu().tolist()
+        try:
+            pid = openreg._C._executor_pid(0)
+        except RuntimeError as e:
+            pid = str(e)
+        emit({"process_mode": openreg._C._process_mode(), "value": value, "pid": pid,
+              "host": os.getpid()})
+    """, env={"OPENREG_EXECUTOR": mode})
+    x = torch.arange(64.0).view(8, 8)
+    assert r["value"] == (x @ x.t()).sum(dim=1).tolist()
+    assert r["process_mode"] == (mode == "process")
+    if mode == "process":
+        assert isinstance(r["pid"], int) and r["pid"] != r["host"]
+    else:
+        assert "thread mode" in r["pid"] or "process mode" in r["pid"], r["pid"]

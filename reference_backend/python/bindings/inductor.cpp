@@ -79,9 +79,12 @@ int launch_call(int device, OpenRegInductorKernel run, void* call, void (*releas
     if (openreg::process_mode()) {
       // Process mode: the kernel is host code; it runs here, staged, and
       // raises at the call (docs/reference-backend/executor.md).
+      // Without the GIL while it waits for the stream: the thread that
+      // lets the stream go on may need it.
       int status = 1;
       staged_error().clear();
       try {
+        pybind11::gil_scoped_release no_gil;
         openreg::run_staged(stream, [&] {
           status = run(call);
           TORCH_CHECK(status == 0, staged_error().empty() ? "OpenReg: an Inductor kernel failed" : staged_error());
