@@ -77,14 +77,6 @@ orError_t run_task(void* arg) {
   return status;
 }
 
-// Process mode (OPENREG_EXECUTOR=process): device memory lives only in the
-// device's executor process, and the executor runs module kernels, not host
-// functions. A PyTorch kernel there runs on the host instead, over staged
-// copies: launch_kernel waits for the stream, each storage a kernel aliases
-// is copied to a host buffer on first use (orMemcpySync on the kernel's
-// stream), and when the kernel returns, the bytes it changed are copied
-// back. The kernel is then synchronous; the device's memory stays in its
-// executor (docs/reference-backend/executor.md).
 }  // namespace
 
 bool process_mode() {
@@ -97,6 +89,15 @@ bool process_mode() {
 
 namespace {
 
+// Process mode (OPENREG_EXECUTOR=process): device memory lives only in the
+// device's executor process, and the executor runs module kernels, not host
+// functions. A kernel that launch_kernel gets (the synchronous fallback, or
+// a queued kernel the executor cannot take) runs on the host instead, over
+// staged copies: launch_kernel waits for the stream, each storage the kernel
+// aliases is copied to a host buffer on first use (orMemcpySync on the
+// kernel's stream), and when the kernel returns, the bytes it changed are
+// copied back. The kernel is then synchronous; the device's memory stays in
+// its executor (docs/reference-backend/executor.md).
 struct StagedBuffer {
   void* device;
   size_t nbytes;
