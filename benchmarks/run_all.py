@@ -82,6 +82,19 @@ def execution_modes() -> list[dict]:
     return rows
 
 
+def torch_execution_modes() -> list[dict]:
+    """PyTorch operators in thread and process mode, side by side (bench_modes_torch.py,
+    one interpreter per mode), with the CPU's call as the reference."""
+    by_mode = {}
+    for mode in ("thread", "process"):
+        env = {**__import__("os").environ, "OPENREG_EXECUTOR": mode}
+        out = subprocess.run([sys.executable, str(HERE / "bench_modes_torch.py")], capture_output=True,
+                             text=True, check=True, env=env).stdout
+        by_mode[mode] = json.loads(out.splitlines()[-1])["us"]
+    return [{"name": name, "thread_us": by_mode["thread"][name], "process_us": by_mode["process"][name]}
+            for name in by_mode["thread"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -94,6 +107,7 @@ def main() -> int:
                            "cpus": __import__("os").cpu_count()}}
     results["device_management_cxx"], results["allocator_cxx"] = cxx_benchmarks()
     results["execution_modes"] = execution_modes()
+    results["torch_execution_modes"] = torch_execution_modes()
     results.update(bench_backend.run())
     suite_args = [sys.executable, str(HERE / "bench_suite.py"), "--output", str(HERE / "results-suite.json")]
     if args.quick:
@@ -144,6 +158,9 @@ def print_table(results: dict) -> None:
         if "ns" in r and not r["name"].startswith("BM_HostMallocFree"):
             line(f"{r['name']} (C++, allocate+free) vs malloc/free", f"{r['ns']} ns x{r['ratio_to_malloc']}",
                  "(no target)", None)
+    for r in results.get("torch_execution_modes", []):
+        line(f"torch {r['name']}, thread / process mode"[:62], f"{r['thread_us']:.1f} / {r['process_us']:.1f} us",
+             "", None)
     for r in results.get("execution_modes", []):
         if "thread_ns" not in r:
             continue
