@@ -458,3 +458,15 @@ def test_queued_calls_give_the_cpus_results_across_the_default_operators():
     assert len(checked) > 100
     assert openreg._C._async_operator_launches() > launches
     assert queued_ops > len(checked) // 2, f"only {queued_ops} of {len(checked)} operators ever queued"
+
+
+def test_a_call_with_many_tensors_gives_the_cpus_result():
+    """A queued call whose description exceeds a kernel's parameter block (in
+    process mode: 32 KiB, here 600 tensors) runs another way there (staged on
+    the host, docs/reference-backend/executor.md); its result is the same."""
+    parts = [torch.full((3,), float(i)) for i in range(600)]
+    on_device = [p.to("openreg") for p in parts]
+    warm(torch.cat, on_device)  # the first call with this metadata runs synchronously
+    result = torch.cat(on_device)
+    torch.openreg.synchronize()
+    assert torch.equal(result.cpu(), torch.cat(parts))
