@@ -471,6 +471,8 @@ std::optional<std::vector<char>> encode_operator(const c10::FunctionSchema& sche
         w.put<int32_t>(q.refs[k]);
       } else if (q.cpu[k].defined()) {
         const at::Tensor& t = q.cpu[k];
+        // (A uint64 value above int64's range has no Scalar the format carries.)
+        if (t.scalar_type() == at::kUInt64) return std::nullopt;
         w.put(payload::ElementTag::kCpuScalar);
         w.put<int32_t>(static_cast<int32_t>(t.scalar_type()));
         w.put<uint8_t>(t.unsafeGetTensorImpl()->is_wrapped_number());
