@@ -7,14 +7,11 @@
 #include <ATen/ATen.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/ScopeExit.h>
 
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 
 namespace openreg {
 
@@ -89,105 +86,6 @@ bool process_mode() {
 
 namespace {
 
-// Process mode (OPENREG_EXECUTOR=process): device memory lives only in the
-// device's executor process, and the executor runs module kernels, not host
-// functions. A kernel that launch_kernel gets (the synchronous fallback, or
-// a queued kernel the executor cannot take) runs on the host instead, over
-// staged copies: launch_kernel waits for the stream, each storage the kernel
-// aliases is copied to a host buffer on first use (orMemcpySync on the
-// kernel's stream), and when the kernel returns, the bytes it changed are
-// copied back. The kernel is then synchronous; the device's memory stays in
-// its executor (docs/reference-backend/executor.md).
-struct StagedBuffer {
-  void* device;
-  size_t nbytes;
-  std::unique_ptr<char[]> data;      // what the kernel sees and writes
-  std::unique_ptr<char[]> snapshot;  // what the device held
-};
-
-// The staging of the kernel running on this thread (process mode only).
-struct Staging {
-  orStream_t stream;
-  std::vector<std::shared_ptr<StagedBuffer>> buffers;
-  std::unordered_map<void*, std::shared_ptr<StagedBuffer>> by_device;
-};
-thread_local Staging* current_staging = nullptr;
-
-void delete_staged(void* context) {
-  delete static_cast<std::shared_ptr<StagedBuffer>*>(context);
-}
-
-std::shared_ptr<StagedBuffer> staged_buffer(void* device_data, size_t nbytes) {
-  TORCH_INTERNAL_ASSERT(current_staging != nullptr,
-                        "OpenReg: device memory was mapped outside a kernel in process mode");
-  auto known = current_staging->by_device.find(device_data);
-  if (known != current_staging->by_device.end()) {
-    TORCH_INTERNAL_ASSERT(known->second->nbytes == nbytes, "OpenReg: one allocation staged with two sizes");
-    return known->second;
-  }
-  auto buffer = std::make_shared<StagedBuffer>();
-  buffer->device = device_data;
-  buffer->nbytes = nbytes;
-  buffer->data.reset(new char[nbytes]);
-  OPENREG_CHECK(orMemcpySync(buffer->data.get(), device_data, nbytes, orMemcpyDeviceToHost,
-                             current_staging->stream));
-  buffer->snapshot.reset(new char[nbytes]);
-  std::memcpy(buffer->snapshot.get(), buffer->data.get(), nbytes);
-  current_staging->buffers.push_back(buffer);
-  current_staging->by_device.emplace(device_data, buffer);
-  return buffer;
-}
-
-c10::DataPtr stage(void* device_data, size_t nbytes) {
-  std::shared_ptr<StagedBuffer> buffer = staged_buffer(device_data, nbytes);
-  void* host = buffer->data.get();
-  return c10::DataPtr(host, new std::shared_ptr<StagedBuffer>(std::move(buffer)), &delete_staged,
-                      c10::Device(c10::kCPU));
-}
-
-// Copies back the changed span of each staged buffer (only that span: other
-// streams may write the rest of the allocation meanwhile).
-void write_back(const Staging& staging) {
-  bool any = false;
-  for (const auto& buffer : staging.buffers) {
-    const char* now = buffer->data.get();
-    const char* before = buffer->snapshot.get();
-    size_t first = 0;
-    while (first < buffer->nbytes && now[first] == before[first]) ++first;
-    if (first == buffer->nbytes) continue;
-    size_t end = buffer->nbytes;
-    while (end > first && now[end - 1] == before[end - 1]) --end;
-    OPENREG_CHECK(orMemcpyAsync(static_cast<char*>(buffer->device) + first, now + first, end - first,
-                                orMemcpyHostToDevice, staging.stream));
-    any = true;
-  }
-  if (any) OPENREG_CHECK(orStreamSynchronize(staging.stream));
-}
-
-void launch_staged(orStream_t native, std::function<void()> body) {
-  OPENREG_CHECK(orStreamSynchronize(native));
-  Staging staging{native, {}};
-  Staging* const outer = current_staging;
-  current_staging = &staging;
-  const auto restore = c10::make_scope_exit([&] { current_staging = outer; });
-  KernelTask task{std::move(body), true, nullptr};
-  run_task(&task);
-  if (task.error) std::rethrow_exception(task.error);
-  write_back(staging);
-}
-
-}  // namespace
-
-void run_staged(const c10::Stream& stream, std::function<void()> body) {
-  launch_staged(native_stream(stream), std::move(body));
-}
-
-void* staged_pointer(void* device_data, size_t nbytes) {
-  return staged_buffer(device_data, nbytes)->data.get();
-}
-
-namespace {
-
 at::Tensor make_alias(const c10::Storage& cpu, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
                       c10::IntArrayRef strides, int64_t offset, bool conj, bool neg) {
   auto alias = at::detail::make_tensor<c10::TensorImpl>(
@@ -215,10 +113,6 @@ TensorRef::TensorRef(const at::Tensor& t)
 
 void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool wait) {
   const orStream_t native = native_stream(stream);
-  if (process_mode()) {
-    launch_staged(native, std::move(body));
-    return;
-  }
   if (wait) {
     KernelTask task{std::move(body), true, nullptr};
     OPENREG_CHECK(orLaunchKernelSync(native, &run_task, &task));
@@ -241,13 +135,11 @@ const c10::Storage& AliasBuilder::cpu_storage_for(const void* identity, void* de
   if (it != cpu_by_device_data_.end()) return it->second;
   c10::DataPtr data(nullptr, c10::Device(c10::kCPU));
   if (device_data != nullptr && nbytes > 0) {
-    if (process_mode()) {
-      data = stage(device_data, nbytes);
-    } else {
-      void* accessible = nullptr;
-      OPENREG_CHECK(orKernelMapPointer(device_data, nbytes, &accessible));
-      data = c10::DataPtr(accessible, c10::Device(c10::kCPU));
-    }
+    // In process mode the runtime stages the memory for the kernel (a host
+    // copy, written back when the kernel ends; runtime.h).
+    void* accessible = nullptr;
+    OPENREG_CHECK(orKernelMapPointer(device_data, nbytes, &accessible));
+    data = c10::DataPtr(accessible, c10::Device(c10::kCPU));
   }
   c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
                    /*allocator=*/nullptr, /*resizable=*/false);

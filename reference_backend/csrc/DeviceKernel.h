@@ -69,18 +69,12 @@ class AliasBuilder {
 };
 
 // Whether the runtime runs devices as executor processes
-// (OPENREG_EXECUTOR=process; docs/reference-backend/executor.md). There,
-// launch_kernel runs its body on the calling thread over staged host copies
-// of the device memory it aliases (it waits for the stream first and copies
-// back what the body changed), and the asynchronous operator path sends its
-// operators to the executor instead (OperatorPayload.h).
+// (OPENREG_EXECUTOR=process; docs/reference-backend/executor.md). There the
+// asynchronous operator path sends its operators to the executor
+// (OperatorPayload.h); launch_kernel's bodies still run in this process, in
+// stream order, over the runtime's staged copies of the device memory they
+// alias.
 bool process_mode();
-// Process mode: runs `body` on the calling thread as a kernel of `stream`,
-// over staged host copies (what launch_kernel does there), rethrowing its
-// exception; inside it, staged_pointer gives the host copy of `nbytes` at a
-// device address (one copy per allocation and kernel).
-void run_staged(const c10::Stream& stream, std::function<void()> body);
-void* staged_pointer(void* device_data, size_t nbytes);
 
 // Process mode: queues dst.copy_(src), two tensors of one device, on
 // `stream`, to run in the device's executor (Fallback.cpp).

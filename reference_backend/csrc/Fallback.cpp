@@ -414,8 +414,9 @@ orFunction_t operator_kernel() {
 
 // Process mode: the queued operator's description for the executor
 // (OperatorPayload.h), or nothing when it has something the format does
-// not carry or exceeds a kernel's parameter block (it then runs staged on
-// the host: launch_kernel).
+// not carry or exceeds a kernel's parameter block (it then runs as a host
+// kernel, launch_kernel: still queued in stream order, over the runtime's
+// staged copies of the device memory).
 std::optional<std::vector<char>> encode_operator(const c10::FunctionSchema& schema,
                                                  const std::vector<TensorRef>& refs,
                                                  const std::vector<QueuedArg>& queued,

@@ -4,7 +4,6 @@
 // device, and mapping device memory for the kernel on the stream's worker.
 #include "inductor.h"
 
-#include <DeviceKernel.h>
 #include <Mutants.h>
 #include <Stream.h>
 
@@ -43,12 +42,6 @@ int describe_tensor(PyObject* object, const char* kernel_name, int argument, Ope
   return 0;
 }
 
-// Process mode: the message of the staged kernel running on this thread.
-std::string& staged_error() {
-  thread_local std::string message;
-  return message;
-}
-
 struct Launch {
   OpenRegInductorKernel run;
   void* call;
@@ -76,26 +69,6 @@ int launch_call(int device, OpenRegInductorKernel run, void* call, void (*releas
     // Mutant inductor-kernels-on-default-stream: the caller's current stream is ignored.
     const c10::Stream stream = openreg::mutant::is("inductor-kernels-on-default-stream")
         ? openreg::default_stream(index) : openreg::current_stream(index);
-    if (openreg::process_mode()) {
-      // Process mode: the kernel is host code; it runs here, staged, and
-      // raises at the call (docs/reference-backend/executor.md).
-      // Without the GIL while it waits for the stream: the thread that
-      // lets the stream go on may need it.
-      int status = 1;
-      staged_error().clear();
-      try {
-        pybind11::gil_scoped_release no_gil;
-        openreg::run_staged(stream, [&] {
-          status = run(call);
-          TORCH_CHECK(status == 0, staged_error().empty() ? "OpenReg: an Inductor kernel failed" : staged_error());
-        });
-      } catch (...) {
-        release(call);
-        throw;
-      }
-      release(call);
-      return 0;
-    }
     auto* launch = new Launch{run, call, release};
     const orStream_t native = openreg::native_stream(stream);
     const orError_t status = orLaunchKernel(native, &run_launch, launch);
@@ -117,9 +90,6 @@ int launch_call(int device, OpenRegInductorKernel run, void* call, void (*releas
 void* map_tensor(const OpenRegInductorTensor* tensor, int* failed) {
   *failed = 0;
   if (tensor->storage == nullptr || tensor->storage_nbytes == 0) return nullptr;
-  if (openreg::process_mode()) {
-    return static_cast<char*>(openreg::staged_pointer(const_cast<void*>(tensor->storage), tensor->storage_nbytes)) + tensor->offset;
-  }
   void* accessible = nullptr;
   const orError_t status = orKernelMapPointer(tensor->storage, tensor->storage_nbytes, &accessible);
   if (status != orSuccess) {
@@ -134,13 +104,7 @@ void* map_tensor(const OpenRegInductorTensor* tensor, int* failed) {
   return static_cast<char*>(accessible) + (openreg::mutant::is("inductor-map-ignores-offset") ? 0 : tensor->offset);
 }
 
-void fail(const char* message) {
-  if (openreg::process_mode()) {
-    staged_error() = message;
-  } else {
-    orKernelSetError(message);
-  }
-}
+void fail(const char* message) { orKernelSetError(message); }
 
 const OpenRegInductorApi kApi = {
     OPENREG_INDUCTOR_API_VERSION, &describe_tensor, &launch_call, &map_tensor, &fail,

@@ -65,7 +65,8 @@ fi
 
 # ------------------------------------------------------------------- build
 sources=("$here/fuzz_runtime.cpp" "$runtime/src/device.cpp" "$runtime/src/executor.cpp"
-         "$runtime/src/memory.cpp" "$runtime/src/module.cpp" "$runtime/src/stream.cpp")
+         "$runtime/src/memory.cpp" "$runtime/src/module.cpp" "$runtime/src/staging.cpp"
+         "$runtime/src/stream.cpp")
 deps=("${sources[@]}" "$runtime/src/internal.h" "$runtime/src/executor_protocol.h"
       "$runtime/include/openreg/runtime.h"
       "$here/run_fuzz.sh")

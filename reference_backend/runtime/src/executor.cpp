@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cinttypes>
 #include <cstring>
 #include <mutex>
@@ -283,6 +284,41 @@ orError_t Executor::read(const char* call, void* host_dst, const void* device_sr
   return transfer(call, device_, [pid](iovec* l, iovec* r) {
     return process_vm_readv(pid, l, 1, r, 1, 0);
   }, static_cast<char*>(host_dst), static_cast<char*>(const_cast<void*>(device_src)), count);
+}
+
+orError_t Executor::write_runs(const char* call, const iovec* local, const iovec* remote,
+                               size_t count) {
+  std::shared_lock<std::shared_mutex> lock(gone_mutex_);
+  if (gone_) return fail_lost(call, device_->index);
+  const int pid = pid_.load();
+  // At most IOV_MAX runs per call. A short transfer never splits a run
+  // (process_vm_writev(2)): go on from the first run not written.
+  constexpr size_t kBatch = IOV_MAX;
+  size_t i = 0;
+  while (i < count) {
+    const size_t n = std::min(kBatch, count - i);
+    const ssize_t written = process_vm_writev(pid, local + i, n, remote + i, n, 0);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ESRCH) return fail_lost(call, device_->index);
+      return fail(orErrorInvalidValue, "%s: writing back to the executor of device %d failed: %s",
+                  call, device_->index, std::strerror(errno));
+    }
+    if (written == 0) return fail_lost(call, device_->index);
+    size_t left = static_cast<size_t>(written);
+    while (i < count && left >= local[i].iov_len) left -= local[i++].iov_len;
+    if (left > 0) {
+      // Not expected (runs are not split), but a partial run is finished by hand.
+      if (orError_t e = transfer(call, device_, [pid](iovec* l, iovec* r) {
+            return process_vm_writev(pid, l, 1, r, 1, 0);
+          }, static_cast<char*>(local[i].iov_base) + left,
+          static_cast<char*>(remote[i].iov_base) + left, local[i].iov_len - left)) {
+        return e;
+      }
+      ++i;
+    }
+  }
+  return orSuccess;
 }
 
 }  // namespace openreg::runtime

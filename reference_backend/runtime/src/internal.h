@@ -4,6 +4,8 @@
 
 #include <openreg/runtime.h>
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdarg>
@@ -214,6 +216,8 @@ class Executor {
   // Copies between host memory here and device memory in the executor.
   orError_t write(const char* call, void* device_dst, const void* host_src, size_t count);
   orError_t read(const char* call, void* host_dst, const void* device_src, size_t count);
+  // Writes `count` runs: local[i] (host) to remote[i] (device), equal lengths.
+  orError_t write_runs(const char* call, const iovec* local, const iovec* remote, size_t count);
   int pid() const { return pid_; }
   // Ends the executor (SIGKILL); its monitor then loses the device.
   void kill();
@@ -240,6 +244,15 @@ class Executor {
   std::condition_variable channel_free_;
   std::vector<int> free_channels_;
 };
+
+// Process mode: runs the host-function kernel `fn(arg)` of device `d` on
+// the calling thread (a kernel of `d`: the task of a stream, or an inline
+// orLaunchKernelSync) over staged host copies of the device memory it maps,
+// and writes back the bytes it changed when it returns (staging.cpp).
+orError_t run_staged_host_kernel(Device* d, orKernelFn fn, void* arg);
+// orKernelMapPointer in process mode, inside run_staged_host_kernel.
+orError_t staged_map_pointer(const char* call, Device* d, const void* device_ptr, size_t count,
+                             void** accessible);
 
 // Fails with orErrorDeviceLost, naming `call`, the device and the cause.
 orError_t fail_lost(const char* call, int device);

@@ -451,23 +451,24 @@ orError_t orStreamSynchronize(orStream_t stream) {
   return take_kernel_error(call, s);
 }
 
-static orError_t check_host_kernels(const char* call) {
+// The work of a host-function kernel: the function itself in thread mode;
+// in process mode, the function over staged copies of the device memory it
+// maps (staging.cpp), since that memory lives in the executor.
+static std::function<orError_t()> host_kernel_work(const StreamRef& s, orKernelFn fn, void* arg) {
   if (config().process_mode) {
-    return fail(orErrorNotSupported, "%s: a host function cannot run in a device's executor "
-                "process (OPENREG_EXECUTOR=process); launch a module kernel "
-                "(orLaunchModuleKernel) instead", call);
+    Device* d = device_if_initialized(s->device);  // a live stream's device is initialized
+    return [d, fn, arg]() { return run_staged_host_kernel(d, fn, arg); };
   }
-  return orSuccess;
+  return [fn, arg]() { return fn(arg); };
 }
 
 orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   const char* call = "orLaunchKernel";
   if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
-  if (orError_t e = check_host_kernels(call)) return e;
   StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   g_kernels.fetch_add(1, std::memory_order_relaxed);
-  s->enqueue({[fn, arg]() { return fn(arg); }, nullptr});
+  s->enqueue({host_kernel_work(s, fn, arg), nullptr});
   return orSuccess;
 }
 
@@ -516,10 +517,9 @@ orError_t orStreamWriteValue32(orStream_t stream, uint32_t* address, uint32_t va
 orError_t orLaunchKernelSync(orStream_t stream, orKernelFn fn, void* arg) {
   const char* call = "orLaunchKernelSync";
   if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
-  if (orError_t e = check_host_kernels(call)) return e;
   StreamRef s;
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
-  return run_and_wait(call, s, [fn, arg] { return fn(arg); }, /*is_kernel=*/true);
+  return run_and_wait(call, s, host_kernel_work(s, fn, arg), /*is_kernel=*/true);
 }
 
 orError_t orKernelMapPointer(const void* device_ptr, size_t count,
@@ -542,6 +542,7 @@ orError_t orKernelMapPointer(const void* device_ptr, size_t count,
                 "access memory of device %d; copy it first", call,
                 tls_kernel_device, d->index);
   }
+  if (config().process_mode) return staged_map_pointer(call, d, device_ptr, count, accessible);
   void* base;
   size_t size;
   if (!d->arena.find(device_ptr, count, &base, &size)) {

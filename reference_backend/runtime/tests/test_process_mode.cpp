@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -231,16 +233,10 @@ void UseProcessMode(const char* device_count) {
   report.Expect(static_cast<int>(w[0]) == pid0, "the kernel ran in device 0's executor");
   report.Expect(w[1] == 0, "the kernel's context names device 0");
 
-  // A failing kernel fails its stream with its message; host functions
-  // cannot run in an executor.
+  // A failing kernel fails its stream with its message.
   report.ExpectOk(Launch(s1, "openreg_test_fail", PointerParams{0}), "failing kernel");
   report.ExpectFails(orStreamSynchronize(s1), orErrorKernelFailed,
                      {"openreg_test_fail failed on purpose"}, "the kernel's error");
-  report.ExpectFails(LaunchFn(s1, [] { return orSuccess; }), orErrorNotSupported,
-                     {"orLaunchKernel", "OPENREG_EXECUTOR=process", "orLaunchModuleKernel"},
-                     "host-function kernels are refused");
-  report.ExpectFails(orLaunchKernelSync(s1, [](void*) { return orSuccess; }, nullptr),
-                     orErrorNotSupported, {"orLaunchKernelSync"}, "sync host kernels too");
 
   // Stream memory operations run where streams are ordered, in both modes.
   uint32_t gate = 0, reached = 0;
@@ -266,6 +262,145 @@ void UseProcessMode(const char* device_count) {
 
 TEST_F(FreshProcessDeathTest, ProcessModeRunsDevicesInExecutors) {
   EXPECT_IN_FRESH_PROCESS(CheckProcessModeRunsDevicesInExecutors());
+}
+
+// Host-function kernels in process mode run in this process, in stream
+// order, over staged copies of the device memory they map (staging.cpp).
+[[noreturn]] void CheckProcessModeRunsHostKernelsOverStagedMemory() {
+  UseProcessMode("2");
+  ChildReport report;
+  constexpr size_t kBytes = (size_t{1} << 20) + 100;  // not a whole number of pages
+  void* data = nullptr;
+  void* flag = nullptr;
+  report.ExpectOk(orMalloc(&data, kBytes), "orMalloc data");
+  report.ExpectOk(orMalloc(&flag, 4), "orMalloc flag");
+  const std::vector<unsigned char> pattern = Pattern(kBytes, 5);
+  report.ExpectOk(orMemcpy(data, pattern.data(), kBytes, orMemcpyHostToDevice), "H2D");
+  report.ExpectOk(orMemsetAsync(flag, 0, 4, nullptr), "clear the gate flag");
+  report.ExpectOk(orStreamSynchronize(nullptr), "sync");
+  orStream_t s1 = nullptr, s2 = nullptr, opener = nullptr;
+  report.ExpectOk(orStreamCreate(&s1), "orStreamCreate s1");
+  report.ExpectOk(orStreamCreate(&s2), "orStreamCreate s2");
+  report.ExpectOk(orStreamCreate(&opener), "orStreamCreate opener");
+
+  // Asynchronous and stream-ordered: queued behind a gate in the executor,
+  // the host kernel has not run; once it runs it sees the device's bytes,
+  // and what it writes reaches the device. Overlapping maps of one
+  // allocation within a kernel see one copy.
+  std::atomic<int> ran{0};
+  std::atomic<bool> saw_device_bytes{false}, maps_agree{false};
+  char* const tail = static_cast<char*>(data) + kBytes - 10;
+  report.ExpectOk(Launch(s1, "openreg_test_gate", PointerParams{Addr(flag)}), "gate kernel");
+  report.ExpectOk(LaunchFn(s1, [&, tail]() -> orError_t {
+                    void* whole = nullptr;
+                    void* last = nullptr;
+                    if (orError_t e = orKernelMapPointer(tail, 10, &last)) return e;
+                    if (orError_t e = orKernelMapPointer(data, kBytes, &whole)) return e;
+                    auto* bytes = static_cast<unsigned char*>(whole);
+                    saw_device_bytes = std::memcmp(bytes, pattern.data(), kBytes) == 0;
+                    maps_agree = static_cast<unsigned char*>(last) == bytes + kBytes - 10;
+                    std::memset(bytes + 4096 - 3, 0xee, 6);  // across a page boundary
+                    static_cast<unsigned char*>(last)[9] = 0x77;  // the last byte
+                    ran.fetch_add(1);
+                    return orSuccess;
+                  }),
+                  "host kernel behind the gate");
+  report.Expect(orStreamQuery(s1) == orErrorNotReady, "the host kernel is queued, not run");
+  report.Expect(ran.load() == 0, "the host kernel waits for the gate before it");
+  const uint32_t one = 1;
+  report.ExpectOk(orMemcpyAsync(flag, &one, 4, orMemcpyHostToDevice, opener), "open the gate");
+  report.ExpectOk(orStreamSynchronize(s1), "sync s1");
+  report.Expect(ran.load() == 1, "the host kernel ran once");
+  report.Expect(saw_device_bytes.load(), "the host kernel read the device's bytes");
+  report.Expect(maps_agree.load(), "two maps of one allocation share one staged copy");
+  std::vector<unsigned char> expected = pattern;
+  std::fill(expected.begin() + 4096 - 3, expected.begin() + 4096 + 3, 0xee);
+  expected[kBytes - 1] = 0x77;
+  report.Expect(ReadDevice(data, kBytes) == expected, "the host kernel's writes reached the device");
+
+  // Two host kernels on two streams write the even and the odd bytes of one
+  // range while both hold it staged: each writes back only the bytes it
+  // changed, so neither undoes the other's.
+  std::atomic<int> step{0};
+  auto spin_until = [&step](int value) {
+    while (step.load(std::memory_order_acquire) < value) std::this_thread::yield();
+  };
+  report.ExpectOk(LaunchFn(s1, [&]() -> orError_t {
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(data, 4096, &p)) return e;
+                    step.store(1, std::memory_order_release);
+                    spin_until(2);  // the other kernel has staged the range too
+                    for (size_t i = 0; i < 4096; i += 2) static_cast<unsigned char*>(p)[i] = 0x11;
+                    return orSuccess;
+                  }),
+                  "even bytes on s1");
+  report.ExpectOk(LaunchFn(s2, [&]() -> orError_t {
+                    spin_until(1);
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(data, 4096, &p)) return e;
+                    step.store(2, std::memory_order_release);
+                    for (size_t i = 1; i < 4096; i += 2) static_cast<unsigned char*>(p)[i] = 0x22;
+                    return orSuccess;
+                  }),
+                  "odd bytes on s2");
+  report.ExpectOk(orStreamSynchronize(s1), "sync s1");
+  report.ExpectOk(orStreamSynchronize(s2), "sync s2");
+  const std::vector<unsigned char> mixed = ReadDevice(data, 4096);
+  bool both = true;
+  for (size_t i = 0; i < 4096; ++i) both = both && mixed[i] == (i % 2 ? 0x22 : 0x11);
+  report.Expect(both, "both kernels' bytes reached the device");
+
+  // orLaunchKernelSync: done (and written back) when it returns. A failed
+  // host kernel fails its stream with its message; what it wrote before
+  // failing reaches the device, as in thread mode.
+  struct Args {
+    void* data;
+  } args{data};
+  report.ExpectOk(orLaunchKernelSync(s1, [](void* arg) -> orError_t {
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(static_cast<Args*>(arg)->data, 1, &p)) return e;
+                    *static_cast<unsigned char*>(p) = 0x5a;
+                    return orSuccess;
+                  }, &args),
+                  "orLaunchKernelSync");
+  report.Expect(ReadDevice(data, 1)[0] == 0x5a, "the sync host kernel's write is there at once");
+  report.ExpectOk(LaunchFn(s1, [&]() -> orError_t {
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(data, 1, &p)) return e;
+                    *static_cast<unsigned char*>(p) = 0x6b;
+                    orKernelSetError("host kernel failed on purpose");
+                    return orErrorKernelFailed;
+                  }),
+                  "failing host kernel");
+  report.ExpectFails(orStreamSynchronize(s1), orErrorKernelFailed,
+                     {"host kernel failed on purpose"}, "the host kernel's error");
+  report.Expect(ReadDevice(data, 1)[0] == 0x6b, "the failed kernel's write reached the device");
+
+  // Maps are checked as in thread mode: another device's memory, a range
+  // past the allocation, and the host outside kernels are refused.
+  report.ExpectOk(orSetDevice(1), "orSetDevice(1)");
+  void* other = nullptr;
+  report.ExpectOk(orMalloc(&other, 64), "orMalloc on device 1");
+  report.ExpectOk(orSetDevice(0), "orSetDevice(0)");
+  std::atomic<int> mismatch{-1}, past_end{-1};
+  report.ExpectOk(LaunchFn(s1, [&]() -> orError_t {
+                    void* p = nullptr;
+                    mismatch = orKernelMapPointer(other, 64, &p);
+                    past_end = orKernelMapPointer(data, kBytes + 1, &p);
+                    return orSuccess;
+                  }),
+                  "kernel mapping bad ranges");
+  report.ExpectOk(orStreamSynchronize(s1), "sync s1");
+  report.Expect(mismatch.load() == orErrorDeviceMismatch, "another device's memory is refused");
+  report.Expect(past_end.load() == orErrorInvalidPointer, "a range past the allocation is refused");
+  void* host_view = nullptr;
+  report.ExpectFails(orKernelMapPointer(data, 1, &host_view), orErrorNotPermitted,
+                     {"orKernelMapPointer", "only kernels"}, "the host outside kernels");
+  report.Finish();
+}
+
+TEST_F(FreshProcessDeathTest, ProcessModeRunsHostKernelsOverStagedMemory) {
+  EXPECT_IN_FRESH_PROCESS(CheckProcessModeRunsHostKernelsOverStagedMemory());
 }
 
 [[noreturn]] void CheckHostReadOfExecutorMemoryFaults() {

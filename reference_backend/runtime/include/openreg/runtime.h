@@ -237,10 +237,14 @@ OR_API orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function,
 //   "process": each device is an executor process (openreg-executor, found
 //     next to the library that holds the runtime, or at OPENREG_EXECUTOR_PATH)
 //     that owns the device memory; this process only reserves its addresses.
-//     Streams are ordered here and their work runs in the executor. Kernels
-//     must be module kernels: orLaunchKernel and orLaunchKernelSync run host
-//     functions and fail with orErrorNotSupported. An executor that dies
-//     loses its device (see device loss) with the cause.
+//     Streams are ordered here; copies and module kernels run in the
+//     executor. Host-function kernels (orLaunchKernel, orLaunchKernelSync)
+//     run in this process, in stream order (as cudaLaunchHostFunc), over
+//     staged copies: orKernelMapPointer returns a host copy of the pages it
+//     covers (one copy per allocation and kernel, read from the executor on
+//     first use), and when the kernel returns, the bytes it changed, and
+//     only those, are written back. An executor that dies loses its device
+//     (see device loss) with the cause.
 // `process` is 1 in process mode, else 0.
 OR_API orError_t orGetExecutionMode(int* process);
 // The executor's process id of an initialized device in process mode

@@ -1,0 +1,198 @@
+// Process mode (OPENREG_EXECUTOR=process): host-function kernels
+// (orLaunchKernel, orLaunchKernelSync) over staged copies of device memory.
+//
+// The device's memory lives only in its executor process, but a host
+// function runs in this process, on the stream's worker (or, for an idle
+// stream, on the caller of orLaunchKernelSync), in stream order, as
+// CUDA's cudaLaunchHostFunc. While it runs, orKernelMapPointer hands it a
+// host copy: each allocation it maps gets a host buffer of the allocation's
+// size (reserved address space), and the pages a map covers are read from
+// the executor on first use (process_vm_readv), along with a snapshot. So
+// every map of one allocation within a kernel returns addresses in one
+// buffer, and overlapping maps see each other's writes. When the function
+// returns, the bytes that differ from the snapshot are written back
+// (process_vm_writev), run by run: bytes the kernel did not change are not
+// written, so kernels on other streams may write other bytes of the same
+// allocation meanwhile, as they could in thread mode.
+#include "internal.h"
+
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <vector>
+
+namespace openreg::runtime {
+
+namespace {
+
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+struct StagedAllocation {
+  char* device = nullptr;  // the allocation's device address
+  size_t size = 0;         // its requested size
+  size_t reserved = 0;     // size rounded up to whole pages
+  char* data = nullptr;      // what the kernel sees and writes
+  char* snapshot = nullptr;  // what the device held when a page was staged
+  std::vector<bool> staged;  // per page of the allocation
+
+  StagedAllocation() = default;
+  StagedAllocation(const StagedAllocation&) = delete;
+  StagedAllocation& operator=(const StagedAllocation&) = delete;
+  ~StagedAllocation() {
+    if (data) munmap(data, reserved);
+    if (snapshot) munmap(snapshot, reserved);
+  }
+};
+
+// The staging of the host kernel running on this thread.
+struct Staging {
+  Device* device;
+  std::map<char*, std::unique_ptr<StagedAllocation>> allocations;  // by device address
+};
+thread_local Staging* tls_staging = nullptr;
+
+char* reserve(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+// Reads pages [first, end) of `a` that are not staged yet.
+orError_t stage_pages(const char* call, Device* d, StagedAllocation& a, size_t first, size_t end) {
+  const size_t page = page_size();
+  size_t p = first;
+  while (p < end) {
+    if (a.staged[p]) {
+      ++p;
+      continue;
+    }
+    size_t q = p;
+    while (q < end && !a.staged[q]) ++q;
+    const size_t lo = p * page;
+    const size_t hi = std::min(q * page, a.size);
+    if (orError_t e = d->executor->read(call, a.data + lo, a.device + lo, hi - lo)) return e;
+    std::memcpy(a.snapshot + lo, a.data + lo, hi - lo);
+    for (size_t k = p; k < q; ++k) a.staged[k] = true;
+    p = q;
+  }
+  return orSuccess;
+}
+
+// Appends the runs of bytes in [lo, hi) where `a.data` differs from the
+// snapshot, as (host, device) pairs.
+void changed_runs(const StagedAllocation& a, size_t lo, size_t hi, std::vector<iovec>* local,
+                  std::vector<iovec>* remote) {
+  const char* now = a.data;
+  const char* before = a.snapshot;
+  size_t i = lo;
+  while (i < hi) {
+    // Equal bytes, a word at a time where it can.
+    while (i + 8 <= hi && std::memcmp(now + i, before + i, 8) == 0) i += 8;
+    while (i < hi && now[i] == before[i]) ++i;
+    if (i >= hi) break;
+    const size_t start = i;
+    while (i < hi && now[i] != before[i]) ++i;
+    local->push_back({const_cast<char*>(now) + start, i - start});
+    remote->push_back({a.device + start, i - start});
+  }
+}
+
+orError_t write_back(const char* call, const Staging& staging) {
+  const size_t page = page_size();
+  std::vector<iovec> local, remote;
+  for (const auto& [address, a] : staging.allocations) {
+    size_t p = 0;
+    const size_t pages = a->staged.size();
+    while (p < pages) {
+      if (!a->staged[p]) {
+        ++p;
+        continue;
+      }
+      size_t q = p;
+      while (q < pages && a->staged[q]) ++q;
+      changed_runs(*a, p * page, std::min(q * page, a->size), &local, &remote);
+      p = q;
+    }
+  }
+  if (local.empty()) return orSuccess;
+  return staging.device->executor->write_runs(call, local.data(), remote.data(), local.size());
+}
+
+}  // namespace
+
+orError_t run_staged_host_kernel(Device* d, orKernelFn fn, void* arg) {
+  Staging staging{d, {}};
+  struct Scope {
+    Staging* outer;
+    explicit Scope(Staging* s) : outer(tls_staging) { tls_staging = s; }
+    ~Scope() { tls_staging = outer; }
+  };
+  orError_t result;
+  {
+    Scope scope(&staging);
+    try {
+      result = fn(arg);
+    } catch (...) {
+      // What the kernel wrote before it threw reaches the device, as it
+      // would in thread mode; the exception is the kernel's failure.
+      write_back("orLaunchKernel", staging);
+      throw;
+    }
+  }
+  // A failed kernel's writes reach the device too (as in thread mode); its
+  // own failure is the one reported.
+  const orError_t written = write_back("orLaunchKernel", staging);
+  return result != orSuccess ? result : written;
+}
+
+orError_t staged_map_pointer(const char* call, Device* d, const void* device_ptr, size_t count,
+                             void** accessible) {
+  Staging* staging = tls_staging;
+  if (!staging || staging->device != d) {
+    return fail(orErrorNotPermitted, "%s: in process mode only host-function kernels "
+                "(orLaunchKernel, orLaunchKernelSync) map device memory; module kernels use "
+                "their context's map_pointer", call);
+  }
+  void* base_address;
+  size_t size;
+  if (!d->arena.find(device_ptr, count, &base_address, &size)) {
+    return fail(orErrorInvalidPointer, "%s: [%p, +%zu bytes) is not inside a "
+                "live allocation of device %d", call, device_ptr, count, d->index);
+  }
+  char* base = static_cast<char*>(base_address);
+  auto& slot = staging->allocations[base];
+  if (!slot) {
+    auto a = std::make_unique<StagedAllocation>();
+    a->device = base;
+    a->size = size;
+    const size_t page = page_size();
+    a->reserved = (size + page - 1) / page * page;
+    a->data = reserve(a->reserved);
+    a->snapshot = a->data ? reserve(a->reserved) : nullptr;
+    if (!a->snapshot) {
+      staging->allocations.erase(base);
+      return fail(orErrorMemoryAllocation, "%s: cannot reserve %zu bytes of host memory to "
+                  "stage an allocation of device %d", call, a->reserved, d->index);
+    }
+    a->staged.assign(a->reserved / page, false);
+    slot = std::move(a);
+  }
+  StagedAllocation& a = *slot;
+  const size_t offset = static_cast<size_t>(static_cast<const char*>(device_ptr) - base);
+  const size_t page = page_size();
+  const size_t first = offset / page;
+  const size_t end = count == 0 ? first : (offset + count + page - 1) / page;
+  if (orError_t e = stage_pages(call, d, a, first, end)) return e;
+  *accessible = a.data + offset;
+  return orSuccess;
+}
+
+}  // namespace openreg::runtime
