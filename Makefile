@@ -24,9 +24,9 @@ conformance: build
 ## OpenReg in process mode (each device an executor process:
 ## docs/reference-backend/executor.md): its backend tests and the whole
 ## conformance suite; part of `make test`.
-PROCESS_MODE_TESTS := $(addprefix tests/test_,allocator.py amp.py async_operators.py device_loss.py \
+PROCESS_MODE_TESTS := $(addprefix tests/test_,allocator.py amp.py async_operators.py autoload.py device_loss.py \
   device_management.py guard.py hooks.py inductor.py inline_kernels.py isolation.py memory.py processes.py rng.py \
-  streams_events.py tensors.py)
+  openreg_stress.py streams_events.py tensors.py)
 test-process: build
 	OPENREG_EXECUTOR=process $(PYTHON) -m pytest $(PROCESS_MODE_TESTS) -n 2 --dist loadfile -q -m "not mutation"
 	OPENREG_EXECUTOR=process $(VENV)/bin/privateuse1-conformance run --backend openreg \

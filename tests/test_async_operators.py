@@ -460,13 +460,91 @@ def test_queued_calls_give_the_cpus_results_across_the_default_operators():
     assert queued_ops > len(checked) // 2, f"only {queued_ops} of {len(checked)} operators ever queued"
 
 
-def test_a_call_with_many_tensors_gives_the_cpus_result():
+def test_a_call_with_many_tensors_queues_and_gives_the_cpus_result():
     """A queued call whose description exceeds a kernel's parameter block (in
-    process mode: 32 KiB, here 600 tensors) runs another way there (staged on
-    the host, docs/reference-backend/executor.md); its result is the same."""
+    process mode: 32 KiB, here 600 tensors) runs another way there (a host
+    function over staged copies, docs/reference-backend/executor.md); it
+    still queues, and its result is the same."""
     parts = [torch.full((3,), float(i)) for i in range(600)]
     on_device = [p.to("openreg") for p in parts]
     warm(torch.cat, on_device)  # the first call with this metadata runs synchronously
-    result = torch.cat(on_device)
-    torch.openreg.synchronize()
+    s = Stream()
+    with Gate(s) as gate:
+        result = on(s, lambda: torch.cat(on_device)).value(timeout=10)
+        assert not s.query(), "the stream is idle although its work is held"
+        gate.open()
+        s.synchronize()
     assert torch.equal(result.cpu(), torch.cat(parts))
+
+
+@pytest.fixture
+def custom_operator():
+    """An operator of another namespace than aten, with a CPU kernel written
+    in Python (the fallback runs it) and a Meta kernel (so calls queue)."""
+    lib = torch.library.Library("openreg_test_async", "DEF")
+    lib.define("scaled(Tensor x, float factor) -> Tensor")
+    lib.impl("scaled", lambda x, factor: x * factor + 1, "CPU")
+    lib.impl("scaled", lambda x, factor: torch.empty_like(x), "Meta")
+    yield torch.ops.openreg_test_async.scaled
+    lib._destroy()
+
+
+def test_an_operator_with_a_python_cpu_kernel_queues_and_gives_its_result(custom_operator):
+    """In process mode the executor holds only libtorch's kernels: an
+    operator whose CPU kernel lives in this process runs here (a host
+    function over staged copies), still queued on the stream."""
+    x = torch.arange(6.0)
+    dev = x.to("openreg")
+    warm(custom_operator, dev, 2.0)
+    s = Stream()
+    with Gate(s) as gate:
+        result = on(s, lambda: custom_operator(dev, 2.0)).value(timeout=10)
+        assert not s.query(), "the stream is idle although its work is held"
+        gate.open()
+        s.synchronize()
+    assert torch.equal(result.cpu(), x * 2.0 + 1)
+
+
+@pytest.fixture
+def changed_settings():
+    """PyTorch's process-wide settings that CPU kernels read, each moved off
+    its default; restored afterwards."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory,
+              torch._C._get_cpu_allow_fp16_reduced_precision_reduction(),
+              torch.backends.cuda.flash_sdp_enabled(), torch.get_float32_matmul_precision())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        torch._C._set_cpu_allow_fp16_reduced_precision_reduction(True)
+    except RuntimeError:  # "Float16 arithmetic is not supported by the CPU"
+        pass
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.set_float32_matmul_precision("medium")
+    try:
+        # (torch.testing's import allows oneDNN's flags only in this form.)
+        with torch.backends.mkldnn.flags(enabled=False, deterministic=True, fp32_precision="tf32"):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]
+        torch._C._set_cpu_allow_fp16_reduced_precision_reduction(before[3])
+        torch.backends.cuda.enable_flash_sdp(before[4])
+        torch.set_float32_matmul_precision(before[5])
+
+
+def test_queued_operators_run_under_the_hosts_process_wide_settings(changed_settings):
+    """Deterministic algorithms, matmul precision, the oneDNN switches and
+    the like are read by CPU kernels from process-wide state. In thread mode
+    the stream workers share the host's; in process mode every queued
+    operator carries the host's values to the executor, which takes them
+    before it runs the kernel."""
+    host = openreg._C._testing_host_settings()
+    if openreg._C._process_mode():
+        # The executor still holds what the last queued operator carried.
+        assert openreg._C._testing_executor_settings(0) != host
+    x = torch.ones(4, device="openreg")
+    warm(torch.add, x, x)
+    torch.add(x, x)  # queued: carries the settings
+    torch.openreg.synchronize()
+    assert openreg._C._testing_executor_settings(0) == host

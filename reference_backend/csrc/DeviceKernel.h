@@ -11,6 +11,8 @@
 #include <c10/core/Stream.h>
 
 #include <functional>
+#include <string>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -75,6 +77,13 @@ class AliasBuilder {
 // stream order, over the runtime's staged copies of the device memory they
 // alias.
 bool process_mode();
+
+// Tests: PyTorch's process-wide settings that queued operators carry
+// (OperatorPayload.h's Settings), as the executor of `device` holds them
+// now (read by a kernel queued on its current stream; in thread mode, this
+// process's), and as this process holds them.
+std::vector<std::pair<std::string, int>> executor_settings(c10::DeviceIndex device);
+std::vector<std::pair<std::string, int>> host_settings();
 
 // Process mode: queues dst.copy_(src), two tensors of one device, on
 // `stream`, to run in the device's executor (Fallback.cpp).

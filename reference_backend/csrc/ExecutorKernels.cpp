@@ -116,6 +116,7 @@ at::Tensor read_element(Reader& r, Aliases& aliases, bool* none) {
 void run_operator(const orKernelContext* context, const void* params, size_t size) {
   Reader r(params, size);
   TORCH_CHECK(r.get<uint32_t>() == openreg::payload::kMagic, "OpenReg: malformed operator payload (magic)");
+  const auto settings = r.get<openreg::payload::Settings>();
   const std::string name = r.get_string();
   const std::string overload = r.get_string();
   const c10::OperatorHandle op = find_operator(name, overload);
@@ -195,6 +196,8 @@ void run_operator(const orKernelContext* context, const void* params, size_t siz
   }
   TORCH_CHECK(r.done(), "OpenReg: malformed operator payload (trailing bytes)");
 
+  // The host's settings at the launch, as a stream worker in thread mode reads them.
+  settings.apply();
   // Aliases are plain CPU tensors: skip autograd and view tracking.
   const c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
@@ -227,4 +230,22 @@ extern "C" __attribute__((visibility("default"))) orError_t openreg_run_operator
     context->set_error(e.what());
   }
   return orErrorKernelFailed;
+}
+
+extern "C" __attribute__((visibility("default"))) orError_t openreg_report_settings(
+    const orKernelContext* context, const void* params, size_t params_size) {
+  uint64_t address = 0;
+  if (params_size != sizeof(address)) {
+    context->set_error("openreg_report_settings: the parameters are one device address");
+    return orErrorInvalidValue;
+  }
+  std::memcpy(&address, params, sizeof(address));
+  const auto settings = openreg::payload::Settings::capture();
+  void* accessible = nullptr;
+  if (orError_t e = context->map_pointer(reinterpret_cast<const void*>(address), sizeof(settings), &accessible)) {
+    context->set_error("openreg_report_settings: the address is not memory of the kernel's device");
+    return e;
+  }
+  std::memcpy(accessible, &settings, sizeof(settings));
+  return orSuccess;
 }

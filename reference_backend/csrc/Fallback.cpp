@@ -394,21 +394,27 @@ struct QueuedOutput {
   bool view;
 };
 
-// Process mode: the executor's operator kernel (ExecutorKernels.cpp), from
-// the module installed next to this library; loaded at the first operator.
-orFunction_t operator_kernel() {
-  static const orFunction_t function = [] {
+// Process mode: a kernel of the executor's module (ExecutorKernels.cpp),
+// installed next to this library; the module is loaded at first use.
+orFunction_t executor_module_kernel(const char* name) {
+  static const orModule_t module = [] {
     Dl_info info{};
-    TORCH_CHECK(dladdr(reinterpret_cast<void*>(&operator_kernel), &info) != 0 && info.dli_fname != nullptr,
+    TORCH_CHECK(dladdr(reinterpret_cast<void*>(&executor_module_kernel), &info) != 0 && info.dli_fname != nullptr,
                 "OpenReg: cannot locate libopenreg_torch to find ", payload::kModuleFile);
     std::string path = info.dli_fname;
     path = path.substr(0, path.rfind('/') + 1) + payload::kModuleFile;
-    orModule_t module = nullptr;
-    OPENREG_CHECK(orModuleLoad(&module, path.c_str()));
-    orFunction_t fn = nullptr;
-    OPENREG_CHECK(orModuleGetFunction(&fn, module, payload::kKernelName));
-    return fn;
+    orModule_t loaded = nullptr;
+    OPENREG_CHECK(orModuleLoad(&loaded, path.c_str()));
+    return loaded;
   }();
+  orFunction_t fn = nullptr;
+  OPENREG_CHECK(orModuleGetFunction(&fn, module, name));
+  return fn;
+}
+
+// The kernel that runs a described operator.
+orFunction_t operator_kernel() {
+  static const orFunction_t function = executor_module_kernel(payload::kKernelName);
   return function;
 }
 
@@ -421,8 +427,12 @@ std::optional<std::vector<char>> encode_operator(const c10::FunctionSchema& sche
                                                  const std::vector<TensorRef>& refs,
                                                  const std::vector<QueuedArg>& queued,
                                                  const std::vector<QueuedOutput>& outputs) {
+  // Only PyTorch's own operators: the executor holds libtorch_cpu's kernels,
+  // not those of Python or of extensions loaded here.
+  if (schema.name().rfind("aten::", 0) != 0) return std::nullopt;
   payload::Writer w;
   w.put<uint32_t>(payload::kMagic);
+  w.put(payload::Settings::capture());
   w.put_string(schema.name());
   w.put_string(schema.overload_name());
   w.put<uint32_t>(static_cast<uint32_t>(refs.size()));
@@ -1230,6 +1240,21 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, int>> executor_settings(c10::DeviceIndex device) {
+  static const orFunction_t report = executor_module_kernel(payload::kReportSettingsName);
+  const c10::Stream stream = current_stream(device);
+  const at::Tensor buffer = at::empty({static_cast<int64_t>(sizeof(payload::Settings))},
+                                      at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+  const uint64_t address = reinterpret_cast<uint64_t>(buffer.data_ptr());
+  OPENREG_CHECK(orLaunchModuleKernel(native_stream(stream), report, &address, sizeof(address)));
+  payload::Settings settings;
+  OPENREG_CHECK(orMemcpySync(&settings, buffer.data_ptr(), sizeof(settings), orMemcpyDeviceToHost,
+                             native_stream(stream)));
+  return settings.fields();
+}
+
+std::vector<std::pair<std::string, int>> host_settings() { return payload::Settings::capture().fields(); }
 
 void launch_copy_in_executor(const c10::Stream& stream, const at::Tensor& src, const at::Tensor& dst) {
   TORCH_INTERNAL_ASSERT(process_mode());

@@ -7,12 +7,14 @@
 // (Fallback.cpp) encodes, the executor's operator kernel
 // (ExecutorKernels.cpp, a module loaded into the executor) decodes.
 //
+// The description starts with PyTorch's process-wide settings (Settings).
 // The format is a plain byte sequence written and read in one order (both
 // processes run on one machine, so native byte order and widths). A reader
 // that runs past the end throws: a malformed payload is an error, never a
 // read outside the block.
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Scalar.h>
 #include <c10/util/Exception.h>
@@ -20,14 +22,18 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace openreg::payload {
 
-constexpr uint32_t kMagic = 0x4f505231;  // "OPR1"
+constexpr uint32_t kMagic = 0x4f505232;  // "OPR2"
 
 // The kernel the executor runs (an exported orModuleKernelFn).
 constexpr const char* kKernelName = "openreg_run_operator";
+// Tests: writes the executor's Settings (below) to the device address in
+// its parameters.
+constexpr const char* kReportSettingsName = "openreg_report_settings";
 // The module that holds it, installed next to libopenreg_torch.
 constexpr const char* kModuleFile = "libopenreg_torch_kernels.so";
 
@@ -54,6 +60,106 @@ enum class ValueTag : uint8_t {
   kNone = 0, kBool = 1, kInt = 2, kDouble = 3, kComplex = 4, kString = 5,
   kIntList = 6, kDoubleList = 7, kBoolList = 8, kCpuDevice = 9,
 };
+
+// PyTorch's process-wide settings that CPU kernels read (at::globalContext()):
+// in thread mode the stream workers share the host's, so every description
+// carries the host's values at the launch, and the executor takes them
+// before it runs the operator. The intra-op thread count is not among them:
+// OpenMP keeps it per thread, and thread mode's workers do not take the
+// host's either.
+struct Settings {
+  uint8_t deterministic = 0;             // torch.use_deterministic_algorithms
+  uint8_t deterministic_warn_only = 0;
+  uint8_t deterministic_fill = 0;        // torch.utils.deterministic.fill_uninitialized_memory
+  uint8_t mkldnn = 0;                    // torch.backends.mkldnn.enabled
+  uint8_t deterministic_mkldnn = 0;      // torch.backends.mkldnn.deterministic
+  uint8_t nnpack = 0;                    // torch.backends.nnpack.enabled
+  uint8_t fp16_reduction_cpu = 0;        // torch.backends.cpu fp16 reductions
+  uint8_t flash_sdp = 0;                 // torch.backends.cuda.enable_flash_sdp (the CPU's flash kernel too)
+  uint8_t math_sdp = 0;                  // torch.backends.cuda.enable_math_sdp
+  uint8_t reduced_math_sdp = 0;          // allow_fp16_bf16_reduction_math_sdp
+  int8_t matmul_precision = 0;           // torch.set_float32_matmul_precision
+  int8_t fp32_precision[5] = {};         // fp32_precision of kPrecisionKeys
+
+  static constexpr std::pair<at::Float32Backend, at::Float32Op> kPrecisionKeys[5] = {
+      {at::Float32Backend::GENERIC, at::Float32Op::ALL},
+      {at::Float32Backend::MKLDNN, at::Float32Op::ALL},
+      {at::Float32Backend::MKLDNN, at::Float32Op::CONV},
+      {at::Float32Backend::MKLDNN, at::Float32Op::RNN},
+      {at::Float32Backend::MKLDNN, at::Float32Op::MATMUL},
+  };
+
+  // This process's settings.
+  static Settings capture() {
+    const at::Context& c = at::globalContext();
+    Settings s;
+    s.deterministic = c.deterministicAlgorithms();
+    s.deterministic_warn_only = c.deterministicAlgorithmsWarnOnly();
+    s.deterministic_fill = c.deterministicFillUninitializedMemory();
+    s.mkldnn = c.userEnabledMkldnn();
+    s.deterministic_mkldnn = c.deterministicMkldnn();
+    s.nnpack = c.userEnabledNNPACK();
+    s.fp16_reduction_cpu = c.allowFP16ReductionCPU();
+    s.flash_sdp = c.userEnabledFlashSDP();
+    s.math_sdp = c.userEnabledMathSDP();
+    s.reduced_math_sdp = c.allowFP16BF16ReductionMathSDP();
+    s.matmul_precision = static_cast<int8_t>(c.float32MatmulPrecision());
+    for (int i = 0; i < 5; ++i) {
+      s.fp32_precision[i] = static_cast<int8_t>(c.float32Precision(kPrecisionKeys[i].first, kPrecisionKeys[i].second));
+    }
+    return s;
+  }
+
+  // Makes them this process's (only what differs is set: the executor's
+  // kernels read them concurrently, and most operators change nothing).
+  void apply() const {
+    at::Context& c = at::globalContext();
+    if (c.deterministicAlgorithms() != bool(deterministic) ||
+        c.deterministicAlgorithmsWarnOnly() != bool(deterministic_warn_only)) {
+      c.setDeterministicAlgorithms(deterministic, deterministic_warn_only);
+    }
+    if (c.deterministicFillUninitializedMemory() != bool(deterministic_fill)) {
+      c.setDeterministicFillUninitializedMemory(deterministic_fill);
+    }
+    if (c.userEnabledMkldnn() != bool(mkldnn)) c.setUserEnabledMkldnn(mkldnn);
+    if (c.deterministicMkldnn() != bool(deterministic_mkldnn)) c.setDeterministicMkldnn(deterministic_mkldnn);
+    if (c.userEnabledNNPACK() != bool(nnpack)) c.setUserEnabledNNPACK(nnpack);
+    if (c.allowFP16ReductionCPU() != bool(fp16_reduction_cpu)) c.setAllowFP16ReductionCPU(fp16_reduction_cpu);
+    if (c.userEnabledFlashSDP() != bool(flash_sdp)) c.setSDPUseFlash(flash_sdp);
+    if (c.userEnabledMathSDP() != bool(math_sdp)) c.setSDPUseMath(math_sdp);
+    if (c.allowFP16BF16ReductionMathSDP() != bool(reduced_math_sdp)) {
+      c.setAllowFP16BF16ReductionMathSDP(reduced_math_sdp);
+    }
+    if (static_cast<int8_t>(c.float32MatmulPrecision()) != matmul_precision) {
+      static const char* const kNames[] = {"highest", "high", "medium"};
+      TORCH_CHECK(matmul_precision >= 0 && matmul_precision < 3,
+                  "OpenReg: malformed operator payload (matmul precision)");
+      c.setFloat32MatmulPrecision(kNames[matmul_precision]);
+    }
+    // After the matmul precision, which sets some of these too.
+    for (int i = 0; i < 5; ++i) {
+      const auto [backend, op] = kPrecisionKeys[i];
+      const auto wanted = static_cast<at::Float32Precision>(fp32_precision[i]);
+      if (c.float32Precision(backend, op) != wanted) c.setFloat32Precision(backend, op, wanted);
+    }
+  }
+
+  // Name and value of each field (tests compare the two processes').
+  std::vector<std::pair<std::string, int>> fields() const {
+    std::vector<std::pair<std::string, int>> f = {
+        {"deterministic", deterministic}, {"deterministic_warn_only", deterministic_warn_only},
+        {"deterministic_fill", deterministic_fill}, {"mkldnn", mkldnn},
+        {"deterministic_mkldnn", deterministic_mkldnn}, {"nnpack", nnpack},
+        {"fp16_reduction_cpu", fp16_reduction_cpu}, {"flash_sdp", flash_sdp}, {"math_sdp", math_sdp},
+        {"reduced_math_sdp", reduced_math_sdp}, {"matmul_precision", matmul_precision},
+    };
+    for (int i = 0; i < 5; ++i) {
+      f.emplace_back("fp32_precision_" + std::to_string(i), fp32_precision[i]);
+    }
+    return f;
+  }
+};
+static_assert(std::is_trivially_copyable_v<Settings>);
 
 class Writer {
  public:

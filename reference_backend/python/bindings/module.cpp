@@ -21,7 +21,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -118,8 +117,8 @@ std::mutex& gates_mutex() {
 // and waits on. Entries are kept for the process's life (8 bytes each): a
 // stream may still read `opened` after the host set it.
 struct Gate {
-  alignas(4) uint32_t running = 0;
-  alignas(4) uint32_t opened = 0;
+  uint32_t running = 0;
+  uint32_t opened = 0;
 };
 struct GateEntry {
   Gate words;
@@ -188,6 +187,21 @@ PYBIND11_MODULE(_C, m) {
     return pid;
   }, py::arg("device"));
   m.def("_process_mode", [] { return openreg::process_mode(); });
+  // PyTorch's process-wide settings that queued operators carry to the
+  // executor (OperatorPayload.h), as the device's executor holds them now
+  // and as this process does.
+  m.def("_testing_executor_settings", [](int device) {
+    pybind11::dict out;
+    for (const auto& [name, value] : openreg::executor_settings(static_cast<c10::DeviceIndex>(device))) {
+      out[pybind11::str(name)] = value;
+    }
+    return out;
+  }, pybind11::arg("device"));
+  m.def("_testing_host_settings", [] {
+    pybind11::dict out;
+    for (const auto& [name, value] : openreg::host_settings()) out[pybind11::str(name)] = value;
+    return out;
+  });
   m.def("_is_device_lost", [](const py::object& index) {
     const auto device = openreg::resolve_device_index(to_index(index, "device", true));
     int lost = 0;
