@@ -247,6 +247,7 @@ int main(int argc, char** argv) {
   }
   // A dump of a crashed executor would hold the whole device.
   madvise(memory, mapped_size, MADV_DONTDUMP);
+  madvise(memory, mapped_size, MADV_HUGEPAGE);
   std::vector<std::thread> threads;
   for (int i = 1; i < kChannels; ++i) {
     threads.emplace_back([shared, i] { serve(shared->channels[i]); });

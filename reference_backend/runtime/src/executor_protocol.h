@@ -13,6 +13,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -104,6 +105,7 @@ uint32_t wait_state(std::atomic<uint32_t>* word, Done done, long spin_ns) {
     const uint32_t value = word->load(std::memory_order_acquire);
     if (done(value)) return value;
     if ((i & 63) == 63) {
+      sched_yield();
       timespec now;
       clock_gettime(CLOCK_MONOTONIC, &now);
       const long elapsed_ns =
