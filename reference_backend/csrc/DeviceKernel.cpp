@@ -1,5 +1,6 @@
 #include "DeviceKernel.h"
 
+#include "CpuAlias.h"
 #include "Exception.h"
 #include "Mutants.h"
 #include "Stream.h"
@@ -84,20 +85,6 @@ bool process_mode() {
   return on;
 }
 
-namespace {
-
-at::Tensor make_alias(const c10::Storage& cpu, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
-                      c10::IntArrayRef strides, int64_t offset, bool conj, bool neg) {
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
-  alias._set_conj(conj);
-  alias._set_neg(neg);
-  return alias;
-}
-
-}  // namespace
-
 TensorRef::TensorRef(const at::Tensor& t)
     : storage_identity(t.storage().unsafeGetStorageImpl()),
       storage_data(t.storage().mutable_data()),
@@ -133,22 +120,18 @@ const c10::Storage& AliasBuilder::cpu_storage_for(const void* identity, void* de
   const void* key = device_data != nullptr ? device_data : identity;
   auto it = cpu_by_device_data_.find(key);
   if (it != cpu_by_device_data_.end()) return it->second;
-  c10::DataPtr data(nullptr, c10::Device(c10::kCPU));
+  void* accessible = nullptr;
   if (device_data != nullptr && nbytes > 0) {
     // In process mode the runtime stages the memory for the kernel (a host
     // copy, written back when the kernel ends; runtime.h).
-    void* accessible = nullptr;
     OPENREG_CHECK(orKernelMapPointer(device_data, nbytes, &accessible));
-    data = c10::DataPtr(accessible, c10::Device(c10::kCPU));
   }
-  c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
-                   /*allocator=*/nullptr, /*resizable=*/false);
-  return cpu_by_device_data_.emplace(key, std::move(cpu)).first->second;
+  return cpu_by_device_data_.emplace(key, cpu_alias::storage(accessible, nbytes)).first->second;
 }
 
 at::Tensor AliasBuilder::alias(const TensorRef& ref) {
-  return make_alias(cpu_storage_for(ref.storage_identity, ref.storage_data, ref.storage_nbytes), ref.dtype,
-                    ref.sizes, ref.strides, ref.storage_offset, ref.conj, ref.neg);
+  return cpu_alias::tensor(cpu_storage_for(ref.storage_identity, ref.storage_data, ref.storage_nbytes), ref.dtype,
+                           ref.sizes, ref.strides, ref.storage_offset, ref.conj, ref.neg);
 }
 
 at::Tensor AliasBuilder::alias(const at::Tensor& t) {
@@ -161,8 +144,8 @@ at::Tensor AliasBuilder::alias(const at::Tensor& t) {
       mutant::is("alias-empty-storages-shared") ? nullptr : storage.unsafeGetStorageImpl(),
       storage.mutable_data(), storage.nbytes());
   device_by_cpu_.emplace(cpu.unsafeGetStorageImpl(), storage);
-  at::Tensor alias = make_alias(cpu, t.dtype(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),
-                                t.is_neg());
+  at::Tensor alias = cpu_alias::tensor(cpu, t.dtype(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),
+                                       t.is_neg());
   cpu_by_tensor_.emplace(t.unsafeGetTensorImpl(), alias);
   return alias;
 }

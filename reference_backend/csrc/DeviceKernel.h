@@ -3,8 +3,9 @@
 // A device kernel is a function run on a stream's worker thread. It sees each
 // device tensor as a CPU "alias" tensor: same dtype, sizes, strides and offset,
 // over the runtime's kernel-accessible mapping of the device memory (the host
-// cannot reach that memory directly; see runtime.h). Aliases of one device
-// storage share one CPU storage, so views keep aliasing each other.
+// cannot reach that memory directly; in process mode the mapping is a staged
+// copy, written back when the kernel returns; see runtime.h). Aliases of one
+// device storage share one CPU storage, so views keep aliasing each other.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -14,6 +14,7 @@
 // The module needs only runtime.h's module interface and libtorch_cpu: it
 // never calls the runtime (device memory is reached through the context).
 
+#include "CpuAlias.h"
 #include "OperatorPayload.h"
 
 #include <openreg/runtime.h>
@@ -56,15 +57,9 @@ class Aliases {
                 "OpenReg: malformed operator payload (tensor ", ref, ")");
     if (tensors_[ref].defined()) return tensors_[ref];
     const TensorDesc& d = refs_[ref];
-    const c10::Storage& storage = storage_for(d);
     const auto dtype = c10::scalarTypeToTypeMeta(static_cast<c10::ScalarType>(d.scalar_type));
-    auto alias = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
-    alias.unsafeGetTensorImpl()->set_sizes_and_strides(d.sizes, d.strides, d.offset);
-    alias._set_conj(d.conj);
-    alias._set_neg(d.neg);
-    tensors_[ref] = alias;
-    return alias;
+    tensors_[ref] = openreg::cpu_alias::tensor(storage_for(d), dtype, d.sizes, d.strides, d.offset, d.conj, d.neg);
+    return tensors_[ref];
   }
 
  private:
@@ -79,10 +74,7 @@ class Aliases {
       TORCH_CHECK(status == orSuccess, "OpenReg: the operator's tensor at 0x", std::hex, d.data, std::dec,
                   " (", d.nbytes, " bytes) is not memory of device ", context_->device);
     }
-    c10::Storage storage(c10::Storage::use_byte_size_t(), d.nbytes,
-                         c10::DataPtr(accessible, c10::Device(c10::kCPU)), /*allocator=*/nullptr,
-                         /*resizable=*/false);
-    return storages_.emplace(key, std::move(storage)).first->second;
+    return storages_.emplace(key, openreg::cpu_alias::storage(accessible, d.nbytes)).first->second;
   }
 
   const orKernelContext* context_;
@@ -205,15 +197,7 @@ void run_operator(const orKernelContext* context, const void* params, size_t siz
     TORCH_CHECK(o.ret < stack.size(), "OpenReg: malformed operator payload (result ", o.ret, ")");
     const c10::IValue& value = stack[o.ret];
     const at::Tensor produced = o.element >= 0 ? value.toTensorList().get(o.element) : value.toTensor();
-    const at::Tensor target = aliases.get(o.ref);
-    if (o.view) {
-      TORCH_CHECK(produced.defined() &&
-                      produced.storage().unsafeGetStorageImpl() == target.storage().unsafeGetStorageImpl(),
-                  "OpenReg: the Meta kernel of ", name, " returns a view of an input, but its CPU "
-                  "kernel returns a new tensor");
-      continue;
-    }
-    target.copy_(produced);
+    openreg::cpu_alias::finish_output(name, produced, aliases.get(o.ref), o.view);
   }
 }
 
