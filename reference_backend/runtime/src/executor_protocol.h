@@ -105,6 +105,9 @@ uint32_t wait_state(std::atomic<uint32_t>* word, Done done, long spin_ns) {
     const uint32_t value = word->load(std::memory_order_acquire);
     if (done(value)) return value;
     if ((i & 63) == 63) {
+      // Between polls the CPU goes to whoever can use it: a round trip
+      // involves three polling threads (the waiting host, the stream's
+      // worker, this side's thread), often more than there are CPUs.
       sched_yield();
       timespec now;
       clock_gettime(CLOCK_MONOTONIC, &now);
