@@ -262,6 +262,16 @@ def seeds():
             rec(t, "DEVICE_SYNC", 0),
         ])
     s["kernels"] = seed(3, kernels)
+    # A failing kernel, then a synchronous copy on its stream: orMemcpySync
+    # returns (and clears) the stream's kernel error, as a synchronize does.
+    s["kernel_failure_then_sync_copy"] = seed(2, [[
+        rec(t, "STREAM_CREATE", 0),
+        rec(t, "MALLOC", 1, MEDIUM, 0, 3, NO_INIT),
+        rec(t, "KERNEL_WRITE", 1, WHOLE, 0, 0, 0x31, 2),
+        rec(t, "KERNEL_INVALID", 1, 4, 0, 0, 0, 2),   # failing kernel (private stream)
+        rec(t, "D2H", 1, WHOLE, 0, 0, 2, 3),          # orMemcpySync on that stream
+        rec(t, "STREAM_SYNC", 3),
+    ] for t in range(2)])
 
     # Pseudo-random mixes (fixed generator seeds).
     rng = random.Random(20240611)
