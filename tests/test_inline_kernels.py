@@ -52,7 +52,8 @@ def test_a_blocking_read_waits_for_the_running_task_of_its_stream(mode):
     # The stream's only task is held and nothing is queued behind it (the
     # queue is empty): reads on the stream must still wait for that task.
     stream = torch.openreg.Stream()
-    x = torch.zeros(4, device="openreg")
+    x = torch.zeros(4, device="openreg")  # queued on the current stream
+    stream.wait_stream(torch.openreg.current_stream())  # so the fill comes after it
     with torch.openreg.stream(stream):
         x.fill_(3.0)
     torch.openreg.synchronize()

@@ -174,6 +174,7 @@ def test_streams_are_distinct_and_run_independently():
     assert a != b and a.stream_id != b.stream_id and hash(a) != hash(b)
     x = torch.arange(SIZE, dtype=torch.float32, device="openreg")
     y = torch.zeros(SIZE, device="openreg")
+    torch.openreg.synchronize()  # the inputs' kernels (on the default stream) are done
     with Gate(a):
         on(b, lambda: y.copy_(x)).value(timeout=10)
         Background(b.synchronize).value(timeout=30)  # b does not wait for the gated a
@@ -228,6 +229,7 @@ def test_kernels_run_on_the_current_stream(default_streams_after):
     """Work goes where the current stream is: gating it holds exactly that work."""
     x = torch.arange(64.0, device="openreg").view(8, 8)
     y = torch.zeros(8, 8, device="openreg")
+    torch.openreg.synchronize()  # the inputs' kernels (on the default stream) are done
     s = Stream()
     torch.openreg.set_stream(s)
     with Gate(s) as gate:
@@ -379,6 +381,7 @@ def test_synchronize_waits_for_the_named_device_not_the_current_one(two_devices,
             "torch.openreg.synchronize": torch.openreg.synchronize}[api]
     x1 = torch.arange(SIZE, dtype=torch.float32, device="openreg:1")
     y1 = torch.zeros(SIZE, device="openreg:1")
+    torch.openreg.synchronize(1)  # the inputs' kernels (on the default stream) are done
     s1 = Stream(1)
     torch.openreg.set_device(0)
     with Gate(s1) as gate:
