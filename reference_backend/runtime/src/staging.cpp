@@ -20,10 +20,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <climits>
+#include <algorithm>
 #include <cstring>
-#include <exception>
 #include <map>
+#include <memory>
 #include <vector>
 
 namespace openreg::runtime {
@@ -65,24 +65,34 @@ char* reserve(size_t bytes) {
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
-// Reads pages [first, end) of `a` that are not staged yet.
-orError_t stage_pages(const char* call, Device* d, StagedAllocation& a, size_t first, size_t end) {
+// Calls fn(lo, hi) for each run of pages in [first, end) of `a` whose
+// staged flag is `staged`, as the byte range [lo, hi) of the allocation.
+template <typename Fn>
+orError_t for_each_page_run(const StagedAllocation& a, size_t first, size_t end, bool staged, Fn fn) {
   const size_t page = page_size();
   size_t p = first;
   while (p < end) {
-    if (a.staged[p]) {
+    if (a.staged[p] != staged) {
       ++p;
       continue;
     }
     size_t q = p;
-    while (q < end && !a.staged[q]) ++q;
-    const size_t lo = p * page;
-    const size_t hi = std::min(q * page, a.size);
-    if (orError_t e = d->executor->read(call, a.data + lo, a.device + lo, hi - lo)) return e;
-    std::memcpy(a.snapshot + lo, a.data + lo, hi - lo);
-    for (size_t k = p; k < q; ++k) a.staged[k] = true;
+    while (q < end && a.staged[q] == staged) ++q;
+    if (orError_t e = fn(p * page, std::min(q * page, a.size))) return e;
     p = q;
   }
+  return orSuccess;
+}
+
+// Reads pages [first, end) of `a` that are not staged yet.
+orError_t stage_pages(const char* call, Device* d, StagedAllocation& a, size_t first, size_t end) {
+  const orError_t e = for_each_page_run(a, first, end, false, [&](size_t lo, size_t hi) {
+    if (orError_t r = d->executor->read(call, a.data + lo, a.device + lo, hi - lo)) return r;
+    std::memcpy(a.snapshot + lo, a.data + lo, hi - lo);
+    return orSuccess;
+  });
+  if (e) return e;
+  std::fill(a.staged.begin() + first, a.staged.begin() + end, true);
   return orSuccess;
 }
 
@@ -106,21 +116,12 @@ void changed_runs(const StagedAllocation& a, size_t lo, size_t hi, std::vector<i
 }
 
 orError_t write_back(const char* call, const Staging& staging) {
-  const size_t page = page_size();
   std::vector<iovec> local, remote;
   for (const auto& [address, a] : staging.allocations) {
-    size_t p = 0;
-    const size_t pages = a->staged.size();
-    while (p < pages) {
-      if (!a->staged[p]) {
-        ++p;
-        continue;
-      }
-      size_t q = p;
-      while (q < pages && a->staged[q]) ++q;
-      changed_runs(*a, p * page, std::min(q * page, a->size), &local, &remote);
-      p = q;
-    }
+    for_each_page_run(*a, 0, a->staged.size(), true, [&](size_t lo, size_t hi) {
+      changed_runs(*a, lo, hi, &local, &remote);
+      return orSuccess;
+    });
   }
   if (local.empty()) return orSuccess;
   return staging.device->executor->write_runs(call, local.data(), remote.data(), local.size());
