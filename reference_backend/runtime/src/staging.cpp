@@ -117,9 +117,10 @@ void changed_runs(const StagedAllocation& a, size_t lo, size_t hi, std::vector<i
 
 orError_t write_back(const char* call, const Staging& staging) {
   std::vector<iovec> local, remote;
-  for (const auto& [address, a] : staging.allocations) {
-    for_each_page_run(*a, 0, a->staged.size(), true, [&](size_t lo, size_t hi) {
-      changed_runs(*a, lo, hi, &local, &remote);
+  for (const auto& entry : staging.allocations) {
+    const StagedAllocation& a = *entry.second;
+    for_each_page_run(a, 0, a.staged.size(), true, [&](size_t lo, size_t hi) {
+      changed_runs(a, lo, hi, &local, &remote);
       return orSuccess;
     });
   }
