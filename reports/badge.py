@@ -1,7 +1,10 @@
-"""An SVG badge in the shields.io style: "openreg | full 100%".
+"""An SVG badge in the shields.io style: "openreg | full · 10/10 optional · 100%".
 
-Left: the backend's name. Right: the level reached and the percentage of
-checked contracts satisfied, coloured by level (grey while incomplete).
+Left: the backend's name (and its module, when the manifest's name is
+something else). Right: the level reached, how many of the optional features
+the backend claims, and the percentage of claimed contracts satisfied,
+coloured by level (grey while incomplete, and for a narrowed run, which
+certifies nothing).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from .text import printable, satisfied_percent, truncate
+from .text import backend_label, narrowed_by, optional_claimed, printable, satisfied_percent, truncate
 
 COLOURS = {None: "#e05d44", "core": "#dfb317", "standard": "#a4a61d", "full": "#4c1"}
 INCOMPLETE = "#9f9f9f"
@@ -25,11 +28,16 @@ def _width(text: str) -> int:
 
 def render(document: dict[str, Any]) -> str:
     summary = document["summary"]
-    name = truncate(printable(document["provenance"]["backend_name"]).replace("\n", " "), NAME_LIMIT) or "backend"
-    value = f"{summary['level_reached'] or 'none'} {satisfied_percent(document)}%"
+    name = truncate(printable(backend_label(document)).replace("\n", " "), NAME_LIMIT) or "backend"
+    optional = optional_claimed(document).replace(" features", "")
+    value = f"{summary['level_reached'] or 'none'}" + (f" · {optional}" if optional else "") \
+        + f" · {satisfied_percent(document)}%"
+    narrowed = bool(narrowed_by(document))
+    if narrowed:
+        value += " narrowed"
     if not document["complete"]:
         value += " incomplete"
-    colour = COLOURS[summary["level_reached"]] if document["complete"] else INCOMPLETE
+    colour = COLOURS[summary["level_reached"]] if document["complete"] and not narrowed else INCOMPLETE
     left, right = _width(name), _width(value)
     total = left + right
     ET.register_namespace("", SVG)

@@ -18,8 +18,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from .text import (VERDICT_COLOURS, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, map_strings,
-                   matrix_dtypes, printable, provenance_rows, satisfied_percent, title, truncate, unsatisfied_of_level)
+from .text import (VERDICT_COLOURS, VERDICT_ORDER, backend_label, cell_problems, failing_cells, failing_contracts,
+                   map_strings, matrix_dtypes, narrowed_by, optional_claimed, printable, provenance_rows,
+                   satisfied_percent, title, truncate, unsatisfied_of_level)
 
 # One letter per verdict in the operator matrix's squares (the colour says it
 # too; the letter is for people who do not tell the colours apart).
@@ -48,6 +49,9 @@ def render(document: dict[str, Any]) -> str:
         s=summary,
         p=display["provenance"],
         title=title(display),
+        backend_label=backend_label(display),
+        optional=optional_claimed(display),
+        narrowed=narrowed_by(display),
         percent=satisfied_percent(display),
         test_count=sum(summary["test_verdicts"].values()),
         failures=failing_contracts(display),

@@ -19,13 +19,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .model import (LEVELS, ContractInfo, ContractResult, OperatorCell, OperatorResult, Provenance, Run, TestResult,
-                    Verdict, contract_satisfied, root_causes)
+from .model import (LEVELS, UNDECIDED, ContractInfo, ContractResult, OperatorCell, OperatorResult, Provenance, Run,
+                    TestResult, Verdict, claimed_optional_features, contract_satisfied, root_causes)
 from .text import map_strings
 
 FORMAT = "privateuse1-conformance-report"
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)   # older documents are read (diff, render), never written
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)   # older documents are read (diff, render), never written
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 SCHEMA_PATH = SCHEMA_DIR / f"report-{FORMAT_VERSION}.schema.json"
 DIGEST_ALGORITHM = "sha256"
@@ -70,21 +70,34 @@ def _test_document(test: TestResult, contract: str) -> dict[str, Any]:
         "cause": test.cause,
         "clause": test.clause,
         "step": test.step,
+        "clauses": dict(sorted(test.clauses.items())),
     }
+
+
+def _contract_message(result: ContractResult, verdict: Verdict | None, clauses: dict[str, str]) -> str:
+    """The message of the (first) test that gave the contract its verdict;
+    for a pass that needed a clause no check decided, that clause and why."""
+    info = result.contract
+    if verdict is Verdict.INCONCLUSIVE and result.tests_verdict is not Verdict.INCONCLUSIVE:
+        undecided = [c for c, s in clauses.items() if s.startswith(UNDECIDED)]
+        return "no check decided " + "; ".join(f"{c} ({clauses[c].removeprefix(UNDECIDED + ': ')})"
+                                                for c in undecided)
+    return next((t.message_for(info.id) for t in result.tests if t.verdict_for(info.id) is verdict), "")
 
 
 def _contract_document(result: ContractResult, optional: set[str]) -> dict[str, Any]:
     info = result.contract
     tests = [_test_document(t, info.id) for t in result.tests]
     verdict = result.verdict
+    clauses = result.clause_status()
     return {
         "id": info.id, "area": info.area, "level": info.level, "statement": info.statement,
         "source": info.source, "features": list(info.features),
         "unclaimed_features": list(result.unclaimed_features),
         "verdict": _verdict_name(verdict),
         "satisfied": contract_satisfied(result, optional),
-        # The message of the (first) test that gave the contract its verdict.
-        "message": next((t.message_for(info.id) for t in result.tests if t.verdict_for(info.id) is verdict), ""),
+        "clauses": clauses,
+        "message": _contract_message(result, verdict, clauses),
         "rerun": result.rerun,
         "duration_ms": sum(t["duration_ms"] for t in tests),
         "tests": tests,
@@ -119,7 +132,7 @@ PROVENANCE_ORDER = (
     "device_count", "kit_version", "kit_commit", "registry", "torch_version", "torch_build", "torch_cxx11_abi",
     "torch_git_version", "python", "packages", "platform", "command_line", "working_directory", "level_checked",
     "isolation", "timeout_ms", "manifest", "expectations", "seeds", "environment", "started", "duration_ms",
-    "shard", "shards", "warnings",
+    "shard", "shards", "selection", "kit_files", "backend_files", "warnings",
 )
 
 
@@ -160,9 +173,15 @@ def _summary(run: Run, contracts: list[dict[str, Any]], operators: list[dict[str
             # What model.blocking_contracts returns, from the flags already computed.
             "blocking": [c["id"] for c in contracts if LEVELS.index(c["level"]) <= rank and not c["satisfied"]],
         })
+    claimed = [c for c in contracts if c["verdict"] != Verdict.NOT_CLAIMED.value]
     return {
         "level_reached": reached,
         "claimed_level": run.claimed_level,
+        "certifies": run.complete and not run.narrowed_by,
+        "level_requirements": {level: list(features) for level, features in run.level_requirements.items()},
+        "claimed_optional_features": claimed_optional_features(run.optional_features, run.unclaimed_features),
+        "claimed_contracts": len(claimed),
+        "claimed_satisfied": sum(c["satisfied"] for c in claimed),
         **_group_summary(contracts),
         "test_verdicts": _count(list(tests.values())),
         "levels": levels,
@@ -220,7 +239,7 @@ def from_document(document: dict[str, Any]) -> Run:
                     nodeid=t["nodeid"], contracts=list(t["contracts"]), verdict=Verdict(t["verdict"]),
                     duration=t["duration_ms"] / 1000, message=t["message"], details=t["details"],
                     rerun=t["rerun"], expectation=t["expectation"], cause=t.get("cause", ""),
-                    clause=t.get("clause", ""), step=t.get("step", ""))
+                    clause=t.get("clause", ""), step=t.get("step", ""), clauses=dict(t.get("clauses", {})))
             verdict = Verdict(t["verdict"])
             test.verdicts[entry["id"]] = verdict
             test.messages[entry["id"]] = t["message"]
@@ -231,7 +250,8 @@ def from_document(document: dict[str, Any]) -> Run:
     compact = {nodeid: test.compacted() for nodeid, test in tests_by_id.items()}
     contracts = [
         ContractResult(
-            contract=ContractInfo(**{name: entry[name] for name in info_fields}),
+            contract=ContractInfo(**{name: list(entry.get(name, ())) if name == "clauses" else entry[name]
+                                     for name in info_fields}),
             tests=[compact[nodeid] for nodeid in tests], unclaimed_features=list(entry["unclaimed_features"]),
             rerun=entry["rerun"],
         )
@@ -255,6 +275,7 @@ def from_document(document: dict[str, Any]) -> Run:
         uncovered=list(summary["uncovered"]),
         stale_expectations=list(summary["stale_expectations"]),
         operators=operators,
+        level_requirements={k: list(v) for k, v in summary.get("level_requirements", {}).items()},  # (format 5)
     )
 
 

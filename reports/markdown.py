@@ -16,8 +16,9 @@ import html
 import re
 from typing import Any
 
-from .text import (FAILING, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, one_line, printable,
-                   provenance_rows, satisfied_percent, source_links, title, truncate, unsatisfied_of_level)
+from .text import (FAILING, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, narrowed_by, one_line,
+                   optional_claimed, printable, provenance_rows, satisfied_percent, source_links, title, truncate,
+                   unsatisfied_of_level)
 
 BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a header
 # The most of each failure's details to show; shortened step by step (every
@@ -85,13 +86,26 @@ def _overview(document: dict[str, Any]) -> list[str]:
     summary, provenance = document["summary"], document["provenance"]
     lines = [f"## PrivateUse1 conformance: {escape(title(document), inline=True)}", ""]
     claimed = summary["claimed_level"]
+    optional = optional_claimed(document)
+    claimed_count = summary.get("claimed_contracts", summary["contracts"])
     lines.append(
         f"**Level reached: {summary['level_reached'] or 'none'}**"
         + (f" (claimed: {claimed})" if claimed else "")
+        + (f" · {optional} claimed" if optional else "")
         + f" · checked up to {provenance['level_checked']}"
-        + f" · {summary['satisfied']} of {summary['contracts']} contracts satisfied"
-        + f" ({satisfied_percent(document)}%)"
+        + f" · {summary.get('claimed_satisfied', summary['satisfied'])} of {claimed_count} claimed contracts "
+          f"satisfied ({satisfied_percent(document)}%)"
         + f" · {provenance['duration_ms'] / 1000:.1f} s")
+    if summary.get("claimed_optional_features") is not None:
+        unclaimed = sorted(set(summary["optional_features"]) - set(summary["claimed_optional_features"]))
+        lines += ["", "Optional features claimed: "
+                  + (", ".join(f"`{f}`" for f in summary["claimed_optional_features"]) or "none")
+                  + "; not claimed: " + (", ".join(f"`{f}`" for f in unclaimed) or "none") + "."]
+    narrowed = narrowed_by(document)
+    if narrowed:
+        lines += ["", "> **Narrowed run: it certifies nothing.** Only part of the suite was selected ("
+                  + escape("; ".join(narrowed), inline=True) + "): the verdicts below are those of the selected "
+                  "tests, and no level is reached. Run the whole suite to certify a level."]
     lines.append("")
     lines.append(
         f"Backend {escape(provenance['backend_name'], inline=True)} "

@@ -35,7 +35,7 @@ PER_SHARD = ("started", "duration_ms", "command_line", "working_directory", "pla
              "shards", "backend_file")
 FILE_RECORDS = ("manifest", "expectations", "registry")
 # Summary members the run's settings decide (the rest is recomputed).
-SETTINGS = ("claimed_level", "optional_features", "unclaimed_features", "uncovered")
+SETTINGS = ("claimed_level", "optional_features", "unclaimed_features", "uncovered", "level_requirements")
 SHARD_OPTION = "--shard"
 
 
@@ -204,4 +204,5 @@ def merge(named: list[tuple[str, dict[str, Any]]]) -> Run:
         uncovered=list(base.uncovered),
         stale_expectations=_stale_expectations(documents),
         operators=[operator for run in runs for operator in run.operators],
+        level_requirements={level: list(features) for level, features in base.level_requirements.items()},
     )

@@ -84,6 +84,9 @@ class TestResult:
     cause: str = ""          # the underlying error, the same text for every test it broke
     clause: str = ""         # the clause of the statement whose check failed (e.g. DM-SET-001.2)
     step: str = ""           # where in a multi-step test it happened (a state machine's rule and step)
+    # What the test found about each clause it checked (ID.k -> DECIDED, "n/a: <why>" or
+    # "undecided: <why>"; format 5): see ContractResult.clause_status.
+    clauses: dict[str, str] = field(default_factory=dict)
 
     def verdict_for(self, contract: str) -> Verdict:
         return self.verdicts.get(contract, self.verdict)
@@ -102,6 +105,11 @@ class TestResult:
         return replace(self, verdicts=verdicts, messages=messages)
 
 
+DECIDED = "decided"
+NOT_APPLICABLE = "n/a"
+UNDECIDED = "undecided"
+
+
 @dataclass
 class ContractInfo:
     id: str
@@ -110,6 +118,8 @@ class ContractInfo:
     statement: str
     source: str
     features: list[str] = field(default_factory=list)
+    # The clauses of the statement a pass needs decided (every clause that has a check; format 5).
+    clauses: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -120,12 +130,47 @@ class ContractResult:
     rerun: str = ""          # a command that reruns just this contract's tests
 
     @property
-    def verdict(self) -> Verdict | None:
+    def tests_verdict(self) -> Verdict | None:
         """Worst verdict of the contract's tests, counting only the tests that
         are evidence about it (inconclusive ones count only if all are);
         None if no test ran."""
         verdicts = [t.verdict_for(self.contract.id) for t in self.tests]
         return worst([v for v in verdicts if v is not Verdict.INCONCLUSIVE] or verdicts)
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The tests' verdict, except that a pass needs every clause of the
+        contract decided or not applicable (clause_status): a clause whose
+        checks all were inconclusive, could not observe, or did not run
+        leaves the contract inconclusive."""
+        verdict = self.tests_verdict
+        if verdict in (Verdict.PASS, Verdict.XPASS) and self.undecided():
+            return Verdict.INCONCLUSIVE
+        return verdict
+
+    def clause_status(self) -> dict[str, str]:
+        """Each required clause -> DECIDED (a check of it ran in a test that
+        passed, or that was inconclusive only after it), "n/a: <why>" (no
+        check decided it and a check found it does not apply to the backend)
+        or "undecided: <why>"."""
+        status = {}
+        evidence = [t for t in self.tests if t.verdict_for(self.contract.id) in (
+            Verdict.PASS, Verdict.XPASS, Verdict.INCONCLUSIVE)]
+        if self.tests and all(t.verdict_for(self.contract.id) is Verdict.NOT_CLAIMED for t in self.tests):
+            return {clause: f"{NOT_APPLICABLE}: not claimed" for clause in self.contract.clauses}
+        for clause in self.contract.clauses:
+            found = [t.clauses.get(clause, "") for t in self.tests]
+            if any(t.clauses.get(clause) == DECIDED for t in evidence):
+                status[clause] = DECIDED
+            elif any(f.startswith(NOT_APPLICABLE) for f in found):
+                status[clause] = next(f for f in found if f.startswith(NOT_APPLICABLE))
+            else:
+                why = next((f for f in found if f.startswith(UNDECIDED)), "")
+                status[clause] = why or f"{UNDECIDED}: no check of it ran to the end in a test that passed"
+        return status
+
+    def undecided(self) -> list[str]:
+        return [c for c, s in self.clause_status().items() if s.startswith(UNDECIDED)]
 
 
 def contract_satisfied(result: ContractResult, optional_features: set[str]) -> bool:
@@ -147,9 +192,13 @@ def contract_satisfied(result: ContractResult, optional_features: set[str]) -> b
     return False
 
 
-def level_reached(results: list[ContractResult], optional_features: set[str]) -> str | None:
+def level_reached(results: list[ContractResult], optional_features: set[str],
+                  requirements: dict[str, list[str]] | None = None,
+                  unclaimed_features: set[str] | frozenset = frozenset()) -> str | None:
     """The highest level whose contracts, and those of the levels below, are
-    all satisfied; None if not even core is."""
+    all satisfied, and whose requirement (`requirements`: level -> optional
+    features of which the backend must claim at least one, e.g. full needs
+    AMP or torch.compile) is met; None if not even core is."""
     reached = None
     for level in LEVELS:
         rank = LEVELS.index(level)
@@ -160,8 +209,22 @@ def level_reached(results: list[ContractResult], optional_features: set[str]) ->
         relevant = [r for r in results if LEVELS.index(r.contract.level) <= rank]
         if not all(contract_satisfied(r, optional_features) for r in relevant):
             break
+        if not requirement_met(level, requirements, unclaimed_features):
+            break
         reached = level
     return reached
+
+
+def requirement_met(level: str, requirements: dict[str, list[str]] | None, unclaimed_features) -> bool:
+    """Whether the backend claims one of the features `level` requires one
+    of (no requirement: met)."""
+    needed = (requirements or {}).get(level)
+    return not needed or not set(needed) <= set(unclaimed_features)
+
+
+def claimed_optional_features(optional_features, unclaimed_features) -> list[str]:
+    """The optional features the backend claims (declares present)."""
+    return sorted(set(optional_features) - set(unclaimed_features))
 
 
 def blocking_contracts(
@@ -286,6 +349,13 @@ class Provenance:
     working_directory: str = ""                  # relative paths on the command line are relative to it
     shard: dict | None = None                    # a shard's run (--shard K/N): ShardRecord fields (format 4)
     shards: list[dict] = field(default_factory=list)  # a merged report: one record per shard (format 4)
+    # The tests the run selected (format 5): {"tests", "sha256" (selection_digest), "operators" (the
+    # --operators value), "narrowed_by" (what selected part of the suite: a narrowed run certifies nothing)}.
+    selection: dict | None = None
+    # sha256 of every file of the kit that ran and of the backend (its Python files and binaries),
+    # by path relative to the kit's package / the backend's package (format 5).
+    kit_files: dict[str, str] = field(default_factory=dict)
+    backend_files: dict[str, str] = field(default_factory=dict)
 
 
 def selection_digest(test_ids) -> str:
@@ -306,7 +376,20 @@ class Run:
     uncovered: list[str] = field(default_factory=list)
     stale_expectations: list[str] = field(default_factory=list)
     operators: list[OperatorResult] = field(default_factory=list)   # the operator matrix, in run order
+    # Level -> optional features of which the backend must claim one to reach it (format 5).
+    level_requirements: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def narrowed_by(self) -> list[str]:
+        """What selected only part of the suite (empty for a whole run;
+        reports written before format 5 record nothing)."""
+        return list((self.provenance.selection or {}).get("narrowed_by", []))
 
     @property
     def level_reached(self) -> str | None:
-        return level_reached(self.contracts, set(self.optional_features))
+        """The level the run shows; none for a narrowed run, which
+        certifies nothing whatever its verdicts."""
+        if self.narrowed_by:
+            return None
+        return level_reached(self.contracts, set(self.optional_features), self.level_requirements,
+                             set(self.unclaimed_features))

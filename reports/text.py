@@ -69,17 +69,52 @@ def percent(satisfied: int, checked: int) -> int:
 
 
 def satisfied_percent(document: dict[str, Any]) -> int:
+    """Satisfied contracts among those the backend claims (format 5; before,
+    among all checked)."""
     summary = document["summary"]
+    if "claimed_contracts" in summary:
+        return percent(summary["claimed_satisfied"], summary["claimed_contracts"])
     return percent(summary["satisfied"], summary["contracts"])
 
 
-def title(document: dict[str, Any]) -> str:
-    """'openreg: full 100%' — the line a badge, a page title and a summary share."""
+def narrowed_by(document: dict[str, Any]) -> list[str]:
+    """What selected only part of the suite (format 5): such a run certifies nothing."""
+    return list((document["provenance"].get("selection") or {}).get("narrowed_by", []))
+
+
+def optional_claimed(document: dict[str, Any]) -> str:
+    """'3/9 optional features' (format 5), or '' for older reports."""
+    summary = document["summary"]
+    if "claimed_optional_features" not in summary:
+        return ""
+    return f"{len(summary['claimed_optional_features'])}/{len(summary['optional_features'])} optional features"
+
+
+def backend_label(document: dict[str, Any]) -> str:
+    """The backend's name and, when it says something else, its module."""
+    provenance = document["provenance"]
+    name, module = provenance["backend_name"], provenance["backend_module"]
+    return name if not module or module == name else f"{name} ({module})"
+
+
+def level_label(document: dict[str, Any]) -> str:
+    """'full · 3/9 optional features': the level with what was claimed
+    beside it, so that a level reached with every option declared absent
+    never reads like one with all of them."""
     level = document["summary"]["level_reached"] or "no level"
+    optional = optional_claimed(document)
+    return f"{level} · {optional}" if optional else level
+
+
+def title(document: dict[str, Any]) -> str:
+    """'openreg: full · 10/10 optional features · 100%' — the line a badge, a
+    page title and a summary share. The percentage counts claimed contracts."""
     incomplete = "" if document["complete"] else " (incomplete)"
+    narrowed = " (narrowed run: certifies nothing)" if narrowed_by(document) else ""
     shard = document["provenance"].get("shard")  # (format 4) a shard's verdicts are not the run's
     part = f" (shard {shard['index']}/{shard['count']})" if shard else ""
-    return f"{document['provenance']['backend_name']}: {level} {satisfied_percent(document)}%{part}{incomplete}"
+    return (f"{backend_label(document)}: {level_label(document)} · {satisfied_percent(document)}%"
+            f"{part}{narrowed}{incomplete}")
 
 
 def failing_contracts(document: dict[str, Any]) -> list[dict[str, Any]]:

@@ -2,42 +2,75 @@
 a reviewer runs it on the vendor's report.json with the kit's own registry.
 
 A report verifies for level L when
-1. it is valid against the published schema;
+1. it is valid against the published schema of the current format (older
+   formats predate the checks below: rerun with this kit);
 2. its digest matches (nothing was edited after the run);
-3. it is self-consistent: every derived field (contract verdicts, messages,
-   summaries, the level reached) is what the kit computes from the test
-   results, so a re-sealed edit of a summary is caught;
-4. the run is complete;
-5. the provenance is complete (REQUIRED_PROVENANCE present and not empty);
+3. it is self-consistent: every derived field (contract verdicts, clause
+   status, messages, summaries, the level reached) is what the kit computes
+   from the test results, so a re-sealed edit of a summary is caught;
+4. the run is complete, and whole: nothing narrowed its selection (options,
+   paths, plugins; provenance.selection), and every test function of the
+   kit's suite up to L appears in it (the list comes from the verifier's
+   own suite, never from the report);
+5. the provenance is complete (REQUIRED_PROVENANCE present and not empty)
+   and trustworthy: a torch the kit supports, run without
+   --allow-untested-torch, with process isolation, by this kit (the same
+   version, registry and files: provenance.kit_files against the verifier's
+   own, not modified or unidentifiable), and, given the backend's module,
+   on the backend files installed here (provenance.backend_files);
 6. it is the report of a whole run: not one shard's (``--shard K/N``), and,
    when merged from shards, every shard 1..N is listed once and the tests
    are exactly the ones the shards' run selected (the sha256 of their IDs);
 7. every active contract of the verifier's registry up to L is present
-   exactly once and satisfied: pass or xpass, or not-claimed where every
-   unclaimed feature is one the contract needs and the registry marks
-   optional — exactly what model.level_reached requires. No unknown or
-   duplicated contract appears.
+   exactly once and satisfied: pass or xpass with every clause the
+   verifier's registry requires decided or not applicable, or not-claimed
+   where every unclaimed feature is one the contract needs and the registry
+   marks optional — exactly what model.level_reached requires; the level's
+   requirement (at least one of its optional features claimed) holds. No
+   unknown or duplicated contract appears.
 
-Levels, areas and optional features come from the registry given to
-verify(), never from the report. This module knows no registry format: the
-caller passes the contracts (harness/cli.py loads the kit's registry).
+Exit status 0 means "consistent and complete": produced by this kit on
+these files, with nothing narrowed or left out. It cannot prove that a
+backend did not lie inside its own process, or that a document re-sealed
+with the kit's (unkeyed) digest was not edited: a CI that attests the run
+(signing the report's digest with its own identity) is what proves that
+(docs/reports.md, "What verify proves").
+
+Levels, areas, clauses and optional features come from the registry given
+to verify(), never from the report. This module knows no registry format:
+the caller passes the contracts and the kit's facts (harness/cli.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import json_report
-from .model import LEVELS, ContractInfo, ContractResult, TestResult, Verdict, contract_satisfied, selection_digest
+from .model import (LEVELS, ContractInfo, ContractResult, TestResult, Verdict, contract_satisfied, requirement_met,
+                    selection_digest)
 from .text import one_line, single_line
 
 REQUIRED_PROVENANCE = (
     "kit_version", "torch_version", "torch_build", "python", "platform", "backend_requested", "backend_name",
     "backend_module", "backend_version", "device_type", "command_line", "level_checked", "isolation",
-    "started", "registry",
+    "started", "registry", "selection",
 )
 SHOWN_DIFFERENCES = 10
+
+
+@dataclass
+class KitFacts:
+    """What the verifying kit knows of itself, to compare a report with
+    (harness/cli.py collects it). Fields left empty are not compared."""
+
+    version: str = ""
+    registry_sha256: str = ""
+    files: dict[str, str] = field(default_factory=dict)          # provenance.kit_files of this kit
+    tests: dict[str, str] = field(default_factory=dict)          # "file::function" -> the lowest level it checks
+    torch_problem: Callable[[str], str | None] | None = None     # why a torch version is not supported, or None
+    backend_module: str = ""                                      # verify --backend MODULE
+    backend_files: dict[str, str] | None = None                  # that module's files as installed here
 
 
 @dataclass
@@ -86,6 +119,80 @@ def _provenance_problems(provenance: dict[str, Any]) -> list[str]:
     return problems
 
 
+SHOWN_FILES = 5
+
+
+def _files(paths: list[str]) -> str:
+    more = f" and {len(paths) - SHOWN_FILES} more" if len(paths) > SHOWN_FILES else ""
+    return ", ".join(paths[:SHOWN_FILES]) + more
+
+
+def _differing(recorded: dict[str, str], installed: dict[str, str]) -> list[str]:
+    return sorted(path for path in set(recorded) | set(installed) if recorded.get(path) != installed.get(path))
+
+
+def _trust_problems(provenance: dict[str, Any], kit: KitFacts) -> tuple[list[str], list[str]]:
+    """(problems, notes) of where and how the run ran."""
+    problems, notes = [], []
+    if kit.torch_problem is not None:
+        problem = kit.torch_problem(provenance["torch_version"])
+        if problem:
+            problems.append(f"torch: {problem}")
+    if "--allow-untested-torch" in provenance["command_line"]:
+        problems.append("the run was started with --allow-untested-torch: its torch is outside what the kit supports")
+    if provenance["isolation"] != "fork":
+        problems.append(f"isolation {provenance['isolation']!r}: the tests did not run in fresh processes, so a crash "
+                        "or an initialization in one test could hide another test's result")
+    if kit.version and provenance["kit_version"] != kit.version:
+        problems.append(f"the run used kit {provenance['kit_version']}, this is kit {kit.version}: verify with the "
+                        "kit that ran it")
+    if not provenance.get("kit_files") and provenance["kit_version"] in ("", "unknown"):
+        problems.append("the kit that ran is unidentifiable: no version and no file hashes")
+    if str(provenance.get("kit_commit") or "").endswith("-dirty"):
+        problems.append(f"the kit was run from a modified checkout ({provenance['kit_commit']})")
+    recorded = (provenance.get("registry") or {}).get("sha256")
+    if kit.registry_sha256 and recorded != kit.registry_sha256:
+        problems.append(f"the run used another contract registry than this kit's (sha256 {recorded} vs "
+                        f"{kit.registry_sha256})")
+    if kit.files:
+        differing = _differing(provenance.get("kit_files") or {}, kit.files)
+        if differing:
+            problems.append(f"the kit that ran differs from this kit in {len(differing)} file(s): {_files(differing)}")
+    if kit.backend_files is not None:
+        if provenance["backend_module"].split(".")[0] != kit.backend_module.split(".")[0]:
+            problems.append(f"the report is of backend module {provenance['backend_module']!r}, not "
+                            f"{kit.backend_module!r}")
+        elif not kit.backend_files:
+            problems.append(f"the backend module {kit.backend_module!r} is not installed here: its files cannot be "
+                            "compared")
+        else:
+            differing = _differing(provenance.get("backend_files") or {}, kit.backend_files)
+            if differing:
+                problems.append(f"the backend's files differ from those installed here in {len(differing)} "
+                                f"file(s): {_files(differing)}")
+            else:
+                notes.append(f"the backend's {len(kit.backend_files)} files are those installed here")
+    return problems, notes
+
+
+def _selection_problems(document: dict[str, Any], kit: KitFacts, level: str) -> list[str]:
+    """A narrowed run certifies nothing; a complete one holds every test
+    function of the kit's suite up to `level`."""
+    selection = document["provenance"]["selection"]
+    problems = []
+    if selection["narrowed_by"]:
+        problems.append("the run was narrowed (" + "; ".join(selection["narrowed_by"]) + "): a run of part of the "
+                        "suite certifies nothing; run the whole suite")
+    if kit.tests:
+        ran = {t["nodeid"].partition("[")[0] for c in document["contracts"] for t in c["tests"]}
+        rank = LEVELS.index(level)
+        missing = sorted(t for t, at in kit.tests.items() if LEVELS.index(at) <= rank and t not in ran)
+        if missing:
+            problems.append(f"{len(missing)} test(s) of this kit's suite up to {level} are not in the report: "
+                            f"{_files(missing)}")
+    return problems
+
+
 def _shard_problems(document: dict[str, Any]) -> list[str]:
     """A shard's report is part of a run, never a run; a merged report must
     hold every shard once and exactly the tests the shards' run selected."""
@@ -125,7 +232,8 @@ def _contract_problem(entry: dict[str, Any], contract: ContractInfo, optional: s
     unclaimed = entry["unclaimed_features"]
     if not set(unclaimed) <= set(contract.features):
         return f"{contract.id}: not-claimed for features it does not need: {', '.join(unclaimed)}"
-    tests = [TestResult(t["nodeid"], t["contracts"], Verdict(t["verdict"])) for t in entry["tests"]]
+    tests = [TestResult(t["nodeid"], t["contracts"], Verdict(t["verdict"]), clauses=dict(t.get("clauses", {})))
+             for t in entry["tests"]]
     if contract_satisfied(ContractResult(contract, tests, list(unclaimed)), optional):
         return None
     verdict = entry["verdict"]
@@ -168,12 +276,18 @@ def _contract_problems(document: dict[str, Any], registry: list[ContractInfo], o
 
 
 def verify(document: dict[str, Any], registry: list[ContractInfo], optional_features: set[str],
-           level: str | None = None, registry_sha256: str | None = None) -> Verification:
+           level: str | None = None, kit: KitFacts | None = None,
+           level_requirements: dict[str, list[str]] | None = None) -> Verification:
     """Check `document` against the active contracts `registry` for `level`
     (default: the level the report claims, else the level it says it reached)."""
+    kit = kit or KitFacts()
     problems = json_report.schema_problems(document)
     if problems:
         return Verification(level, problems)  # the rest would read fields that may not exist
+    if document["format_version"] != json_report.FORMAT_VERSION:
+        return Verification(level, [f"format {document['format_version']}: reports of formats before "
+                                    f"{json_report.FORMAT_VERSION} do not record what verify checks (the run's "
+                                    "selection, the files that ran, the clauses); rerun the suite with this kit"])
     summary, provenance = document["summary"], document["provenance"]
     level = level or summary["claimed_level"] or summary["level_reached"]
     result = Verification(level)
@@ -184,6 +298,9 @@ def verify(document: dict[str, Any], registry: list[ContractInfo], optional_feat
     if not document["complete"]:
         result.problems.append("the run is incomplete (interrupted or crashed): complete is false")
     result.problems += _provenance_problems(provenance)
+    trust, notes = _trust_problems(provenance, kit)
+    result.problems += trust
+    result.notes += notes
     result.problems += _shard_problems(document)
     if level is None:
         result.problems.append("the report claims no level and reaches none: nothing to verify (pass --level)")
@@ -191,13 +308,13 @@ def verify(document: dict[str, Any], registry: list[ContractInfo], optional_feat
         if LEVELS.index(provenance["level_checked"]) < LEVELS.index(level):
             result.problems.append(f"the run checked contracts up to {provenance['level_checked']} only, "
                                    f"not up to {level}")
+        result.problems += _selection_problems(document, kit, level)
         result.problems += _contract_problems(document, registry, optional_features, level)
-    if str(provenance.get("kit_commit") or "").endswith("-dirty"):
-        result.notes.append(f"the kit was run from a modified checkout ({provenance['kit_commit']})")
-    recorded = (provenance.get("registry") or {}).get("sha256")
-    if registry_sha256 and recorded and recorded != registry_sha256:
-        result.notes.append("the run used a different contract registry than this kit's "
-                            f"(sha256 {recorded} vs {registry_sha256}); judged by this kit's")
+        requirements = summary["level_requirements"] if level_requirements is None else level_requirements
+        for at in LEVELS[: LEVELS.index(level) + 1]:
+            if not requirement_met(at, requirements, summary["unclaimed_features"]):
+                result.problems.append(f"level {at} needs at least one of the optional features "
+                                       f"{', '.join(requirements[at])} claimed; the backend claims none of them")
     return result
 
 

@@ -59,6 +59,8 @@ def _provenance(**changes) -> Provenance:
         started="2026-01-01T00:00:00+00:00", duration_s=12.5, backend_name="fake", backend_file="/fake.py",
         torch_git_version="deadbeef", registry={"path": "/contracts.toml", "sha256": "1" * 64},
         packages={"pytest": "9"}, environment={}, working_directory="/tmp",
+        selection={"tests": 0, "sha256": "2" * 64, "operators": "default", "narrowed_by": []},
+        kit_files={"harness/plugin.py": "3" * 64}, backend_files={"fake_backend.py": "4" * 64},
     )
     return dataclasses.replace(provenance, **changes)
 
@@ -356,14 +358,15 @@ def test_markdown_fits_a_pull_request_comment():
     _check_markdown(text)
 
 
-def test_badge_shows_name_level_and_percentage():
+def test_badge_shows_name_module_level_optional_features_and_percentage():
     document = json_report.to_document(passing_run())
     svg = badge.render(document)
-    assert "fake: full 100%" in svg and badge.COLOURS["full"] in svg
+    # The manifest's name and the module; amp, the one optional feature, is not claimed.
+    assert "fake (fake_backend): full · 0/1 optional · 100%" in svg and badge.COLOURS["full"] in svg
     incomplete = json_report.to_document(make_run(complete=False))
     assert "incomplete" in badge.render(incomplete) and badge.INCOMPLETE in badge.render(incomplete)
-    # 4 of 11 satisfied: 36.4 %, rounded down.
-    assert "core 36%" in badge.render(json_report.to_document(make_run()))
+    # 3 of the 10 claimed contracts satisfied (the not-claimed AM-ONE-001 does not count): 30 %.
+    assert "core · 0/1 optional · 30%" in badge.render(json_report.to_document(make_run()))
 
 
 def test_html_page_needs_no_network():
@@ -498,6 +501,109 @@ def test_verify_requires_complete_run_and_provenance():
     assert _verify(broken).problems[0].startswith("schema: (document): 'provenance' is a required property")
 
 
+NARROWED = {"tests": 3, "sha256": "5" * 64, "operators": "default", "narrowed_by": ["-k 'not test_x'"]}
+
+
+def test_a_narrowed_run_certifies_nothing_anywhere():
+    """A run that selected part of the suite reaches no level, whatever its
+    verdicts, says so in every rendering, and does not verify for any level."""
+    run = passing_run(selection=NARROWED)
+    assert [r.verdict for r in run.contracts] == [r.verdict for r in passing_run().contracts]
+    document = json_report.to_document(run)
+    assert document["summary"]["level_reached"] is None and document["summary"]["certifies"] is False
+    for level in ("core", "standard", "full"):
+        problems = _verify(document, level=level).problems
+        assert any("the run was narrowed (-k 'not test_x')" in p for p in problems), problems
+    assert "narrowed run: certifies nothing" in text_title(document)
+    assert "narrowed" in badge.render(document) and badge.INCOMPLETE in badge.render(document)
+    assert "Narrowed run: it certifies nothing" in markdown.render(document)
+    assert 'id="narrowed"' in html_report.render(document)
+
+
+def text_title(document):
+    from privateuse1_conformance.reports.text import title
+    return title(document)
+
+
+def test_verify_requires_every_test_function_of_the_kits_suite():
+    run = passing_run()
+    document = json_report.to_document(run)
+    functions = {t.nodeid.partition("[")[0]: "core" for r in run.contracts for t in r.tests}
+    kit = verify.KitFacts(tests=functions)
+    assert verify.verify(document, registry_of(run), set(OPTIONAL), "full", kit=kit).ok
+    kit.tests["test_streams.py::test_the_one_that_was_dropped"] = "standard"
+    problems = verify.verify(document, registry_of(run), set(OPTIONAL), "full", kit=kit).problems
+    assert problems == ["1 test(s) of this kit's suite up to full are not in the report: "
+                        "test_streams.py::test_the_one_that_was_dropped"]
+    assert verify.verify(document, registry_of(run), set(OPTIONAL), "core", kit=kit).ok  # (a standard test)
+
+
+def test_verify_treats_untrusted_provenance_as_problems():
+    run = passing_run(torch_version="2.99.0", isolation="none", kit_commit="abc123-dirty",
+                      command_line=["privateuse1-conformance", "run", "--backend", "fake", "--allow-untested-torch"])
+    kit = verify.KitFacts(version="0.2.0", registry_sha256="9" * 64, files={"harness/plugin.py": "8" * 64},
+                          torch_problem=lambda v: None if v.startswith("2.13") else f"torch {v} is not supported",
+                          backend_module="fake_backend", backend_files={"fake_backend.py": "7" * 64})
+    problems = verify.verify(json_report.to_document(run), registry_of(run), set(OPTIONAL), "full", kit=kit).problems
+    expected = ["torch: torch 2.99.0 is not supported", "--allow-untested-torch", "isolation 'none'",
+                "the run used kit 0.1.0, this is kit 0.2.0", "modified checkout (abc123-dirty)",
+                "another contract registry", "the kit that ran differs from this kit in 1 file(s): harness/plugin.py",
+                "the backend's files differ from those installed here in 1 file(s): fake_backend.py"]
+    for text in expected:
+        assert any(text in p for p in problems), (text, problems)
+    same = verify.KitFacts(version="0.1.0", registry_sha256="1" * 64, files={"harness/plugin.py": "3" * 64},
+                           torch_problem=lambda v: None, backend_module="fake_backend",
+                           backend_files={"fake_backend.py": "4" * 64})
+    result = verify.verify(json_report.to_document(passing_run()), registry_of(run), set(OPTIONAL), "full", kit=same)
+    assert result.ok, result.problems
+    assert "the backend's 1 files are those installed here" in result.notes
+    unidentified = passing_run(kit_version="unknown", kit_files={})
+    assert any("unidentifiable" in p for p in verify.verify(
+        json_report.to_document(unidentified), registry_of(run), set(OPTIONAL), "full").problems)
+
+
+def test_verify_refuses_reports_of_older_formats():
+    document = json_report.to_document(passing_run())
+    document["format_version"] = 4
+    assert _verify(document).problems[0].startswith("schema") or "format 4" in _verify(document).problems[0]
+
+
+def test_a_level_needs_one_of_its_required_optional_features():
+    """full means fork safety and AMP or torch.compile: with every one of the
+    level's required features unclaimed, the level is not reached, and the
+    report says how many optional features were claimed."""
+    run = dataclasses.replace(passing_run(), level_requirements={"full": ["amp"]})
+    document = json_report.to_document(run)
+    assert document["summary"]["level_reached"] == "standard"
+    assert document["summary"]["claimed_optional_features"] == []
+    assert "standard · 0/1 optional features" in text_title(document)
+    problems = verify.verify(document, registry_of(run), set(OPTIONAL), "full").problems
+    assert "level full needs at least one of the optional features amp claimed; the backend claims none of them" \
+        in problems
+    claimed = dataclasses.replace(run, unclaimed_features=[])
+    assert model_level(claimed) == "full"
+
+
+def model_level(run):
+    return run.level_reached
+
+
+def test_a_contract_pass_needs_every_clause_decided():
+    info = ContractInfo("DM-ONE-001", "device-management", "core", "S.", "src", [], ["DM-ONE-001.1", "DM-ONE-001.2"])
+    decided = ModelTestResult("t1", ["DM-ONE-001"], V.PASS, clauses={"DM-ONE-001.1": "decided"})
+    result = ContractResult(info, [decided])
+    assert result.verdict is V.INCONCLUSIVE and result.tests_verdict is V.PASS
+    assert result.clause_status()["DM-ONE-001.2"].startswith("undecided")
+    other = ModelTestResult("t2", ["DM-ONE-001"], V.PASS, clauses={"DM-ONE-001.2": "n/a: needs two devices"})
+    assert ContractResult(info, [decided, other]).verdict is V.PASS
+    vacuous = ModelTestResult("t3", ["DM-ONE-001"], V.PASS, clauses={"DM-ONE-001.2": "undecided: no overlap"})
+    assert ContractResult(info, [decided, vacuous]).verdict is V.INCONCLUSIVE
+    both = ModelTestResult("t4", ["DM-ONE-001"], V.PASS, clauses={"DM-ONE-001.2": "decided"})
+    assert ContractResult(info, [decided, vacuous, both]).verdict is V.PASS
+    failing = ModelTestResult("t5", ["DM-ONE-001"], V.FAIL)
+    assert ContractResult(info, [decided, failing]).verdict is V.FAIL
+
+
 # --------------------------------------------------------------- the page in a browser
 
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
@@ -546,7 +652,7 @@ def test_html_page_in_a_headless_browser(tmp_path):
     unfiltered.feed(_dump_dom(page.as_uri(), tmp_path / "profile"))
     assert len(unfiltered.rows) == len(CONTRACTS) and not any(hidden for _, hidden in unfiltered.rows)
     assert unfiltered.by_id["level-reached"].strip() == "core"
-    assert unfiltered.by_id["satisfied"] == "4 of 11 contracts satisfied (36%)"
+    assert unfiltered.by_id["satisfied"] == "3 of 10 claimed contracts satisfied (30%)"
     assert unfiltered.by_id["shown-count"] == f"Showing {len(CONTRACTS)} of {len(CONTRACTS)} contracts", \
         "the page's script did not run"
 
