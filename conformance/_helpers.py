@@ -20,17 +20,41 @@ from typing import Any
 import pytest
 import torch
 
-from privateuse1_conformance.harness.evidence import Inconclusive, Violation, inconclusive, scope  # noqa: F401
+from privateuse1_conformance.harness.evidence import (Inconclusive, Violation, decided, inconclusive,  # noqa: F401
+                                                      raised_by_kit, scope, scoped_clause)
 
 
-def check(contract: str, condition: Any, message: str | Callable[[], str]) -> None:
+def check(contract: str, condition: Any, message: str | Callable[[], str], observed: bool = True) -> None:
     """Fail the check of `contract` (an ID, or ID.clause such as DM-SET-001.2)
-    unless `condition` holds. `message` may be a callable, built only on failure."""
+    unless `condition` holds. `message` may be a callable, built only on failure.
+
+    `observed` False: the check could not observe what its clause is about
+    this time (no gate held the work, none was seen in flight), so a
+    condition that holds decides nothing; one that fails still fails."""
     __tracebackhide__ = True
+    if "." in contract and (observed or not condition):
+        decided(contract)
     if not condition:
         contract_id, _, clause = contract.partition(".")
         text = message() if callable(message) else message
         raise Violation(text, contract_id, contract if clause else None)
+
+
+_OUTCOMES = (pytest.skip.Exception, pytest.fail.Exception, pytest.xfail.Exception, pytest.exit.Exception)
+
+
+def _kit_outcome(error: BaseException) -> bool:
+    """Whether `error` must pass through a check untouched: an outcome
+    (inconclusive, skip, fail) that the kit's own code raised, or control
+    flow that is no exception of the call's (an interrupt, hypothesis'
+    stopping a test case). Anything else the call raised, pytest's outcome
+    exceptions and the kit's Inconclusive included, is the backend's
+    (harness/evidence.py)."""
+    if isinstance(error, Exception):
+        return False
+    if isinstance(error, _OUTCOMES):
+        return raised_by_kit(error)
+    return True
 
 
 def must(call: Callable[[], Any], what: str) -> Any:
@@ -38,7 +62,9 @@ def must(call: Callable[[], Any], what: str) -> Any:
     __tracebackhide__ = True
     try:
         return call()
-    except Exception as e:  # noqa: BLE001 - any exception is the backend's failure
+    except BaseException as e:  # noqa: BLE001 - any exception is the backend's failure
+        if _kit_outcome(e):
+            raise
         raise Violation(f"{what} raised {type(e).__name__}: {e}") from e
 
 
@@ -59,8 +85,13 @@ def must_raise(
         if missing:
             raise Violation(f"{what} raised {type(e).__name__} as required, but its message does not "
                             f"mention {missing}: {message!r}") from None
+        clause = scoped_clause()  # (a check of the clause of the scope it runs in)
+        if clause:
+            decided(clause)
         return e
-    except Exception as e:  # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001
+        if _kit_outcome(e):
+            raise
         names = exceptions.__name__ if isinstance(exceptions, type) else "/".join(x.__name__ for x in exceptions)
         raise Violation(f"{what} must raise {names}, but raised {type(e).__name__}: {e}") from e
     raise Violation(f"{what} must raise, but returned {result!r}")

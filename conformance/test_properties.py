@@ -40,7 +40,7 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant,  # noqa: E402
                                  precondition, rule, run_state_machine_as_test)
 
-from privateuse1_conformance.harness.evidence import Violation, scope, tag
+from privateuse1_conformance.harness.evidence import Violation, copy_tags, decided, scope, tag
 
 from ._helpers import in_thread
 
@@ -316,6 +316,7 @@ def make_machine(dt: str, mod, n: int, cxx, defaults: list, hop_rules: int, uncl
             self._exit(True)
 
         def expect(self, step: Step, condition, message: str, clause: str | None = None) -> None:
+            decided(clause or step.device_clause)  # (a check of the step's clause)
             if not condition:
                 error = Divergence(f"step {step.number} ({step.text}) diverged from the model: {message}",
                                    None, clause or step.device_clause)
@@ -400,12 +401,7 @@ def run_machine(machine, examples: int) -> None:
             replacement = Violation(message)
         else:
             replacement = type(cause)(message) if isinstance(cause, Exception) else cause
-        for attribute in ("_pu1_contract", "_pu1_clause", "_pu1_step"):
-            if hasattr(cause, attribute):
-                try:
-                    setattr(replacement, attribute, getattr(cause, attribute))
-                except (AttributeError, TypeError):
-                    pass
+        copy_tags(cause, replacement)
         raise replacement from (cause if cause is not error else None)
 
 

@@ -19,68 +19,249 @@ contract: it needs a feature the backend does not have (two devices), or
 what it would observe does not exist on this backend. It never counts for or
 against the contract; a contract whose tests are all inconclusive is not
 satisfied.
+
+Only the kit declares evidence: a tag or an Inconclusive counts when the
+kit's code made it (see "whose evidence" below).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-CONTRACT_TAG = "_pu1_contract"
-CLAUSE_TAG = "_pu1_clause"
-STEP_TAG = "_pu1_step"
 SCOPE_MESSAGE = "$scope"
 PROGRESS_MESSAGE = "$progress"
 
 
+# ------------------------------------------------------- whose evidence
+
+# Evidence belongs to the kit: only the kit's own code (its packages, and the
+# test modules the run collected) may declare a test inconclusive or name the
+# contract and clause a failure is charged to. Anything the backend raises is
+# the backend's error, whatever its class or attributes: an exception of the
+# kit's Inconclusive class, or one carrying attributes that look like the
+# kit's tags, raised by the backend counts for nothing of the kind. The
+# kit's own declarations live in this module's registries (keyed by the
+# exception object, which they keep alive), never on the exception, so an
+# attribute set on an exception changes nothing. (A backend that rewrites the
+# kit's memory inside its own process can lie anyway: docs/reports.md says
+# what verify can and cannot prove.)
+
+_issued: dict[int, BaseException] = {}          # Inconclusive raised by the kit, by id()
+_tags: dict[int, tuple[BaseException, dict]] = {}  # contract / clause / step the kit charged an error to
+_trusted_files: set[str] = set()                # the run's collected test modules
+
+
+@functools.lru_cache(maxsize=None)
+def _kit_dirs() -> tuple[str, ...]:
+    """The folders of the kit's packages (installed or in a checkout)."""
+    here = Path(__file__).resolve().parent
+    dirs = {str(here)}
+    for name in ("conformance", "reports"):
+        spec = importlib.util.find_spec(f"privateuse1_conformance.{name}")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.add(str(Path(location).resolve()))
+    return tuple(sorted(d + os.sep for d in dirs))
+
+
+def trust(paths) -> None:
+    """The test modules of this run (the plugin names those it collected):
+    their code may declare evidence, like the kit's packages."""
+    _trusted_files.update(str(Path(p).resolve()) for p in paths)
+    _is_trusted_file.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_trusted_file(filename: str) -> bool:
+    if not filename or filename.startswith("<"):
+        return False
+    path = str(Path(filename).resolve())
+    return path in _trusted_files or path.startswith(_kit_dirs())
+
+
+def trusted_caller(depth: int = 1) -> bool:
+    """Whether the function `depth` frames above the caller of this one is
+    the kit's code (depth 1: the caller's caller)."""
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:
+        return False
+    return _is_trusted_file(frame.f_code.co_filename)
+
+
+def raised_by_kit(error: BaseException) -> bool:
+    """Whether the kit's code raised `error`: an Inconclusive only when the
+    kit issued it (inconclusive()); any other exception when the innermost
+    frame of its traceback (for pytest's skip/fail/xfail functions, their
+    caller) is the kit's."""
+    if isinstance(error, Inconclusive):
+        return _issued.get(id(error)) is error
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    while frames and _is_pytest_outcomes(frames[-1]):
+        frames.pop()
+    # (pytest's own code raises skips for the suite's markers and empty parameter sets)
+    return bool(frames) and (_is_trusted_file(frames[-1]) or frames[-1].startswith(_PYTEST_DIR))
+
+
+_PYTEST_DIR = str(Path(pytest.__file__).resolve().parent.parent / "_pytest") + os.sep
+
+
+def _is_pytest_outcomes(filename: str) -> bool:
+    return filename.startswith(_PYTEST_DIR) and Path(filename).name == "outcomes.py"
+
+
+def forget() -> None:
+    """Drop the registries (a new test process starts with none)."""
+    _issued.clear()
+    _tags.clear()
+    _clauses.clear()
+    _not_applicable_errors.clear()
+
+
+# What this test process found about each clause it checked (ID.k ->
+# DECIDED, or "n/a: <why>", or "undecided: <why>"): a check() that held or
+# failed decides its clause (a scope does not: it only says whom a failure
+# inside is charged to); a check that could not observe what its clause is
+# about decides nothing, and says why. A contract is satisfied only when every clause it
+# requires was decided by some test, or does not apply to the backend
+# (reports/model.py).
+DECIDED = "decided"
+_clauses: dict[str, str] = {}
+
+
+def decided(clause: str) -> None:
+    """A check of `clause` (ID.k) ran (unless another check of it in this
+    test could not observe: part of the clause is then still open)."""
+    if "." in clause and not _clauses.get(clause, "").startswith("undecided"):
+        _clauses[clause] = DECIDED
+
+
+def not_applicable(clause: str, reason: str) -> None:
+    """`clause` cannot apply to this backend (it lacks what the clause is
+    about: a second device, instrumentation a check needs, work in flight
+    on a backend that runs everything synchronously)."""
+    if "." in clause and clause not in _clauses and trusted_caller():
+        _clauses[clause] = f"n/a: {reason}"
+
+
+def undecided(clause: str, reason: str) -> None:
+    """A check of `clause` could not observe what it is about (no gate, no
+    work seen in flight): no evidence, and the reason why. It wins over
+    other checks of the clause in the test, which decided only part of it."""
+    if "." in clause and not _clauses.get(clause, "").startswith("undecided"):
+        _clauses[clause] = f"undecided: {reason}"
+
+
+def clause_outcomes() -> dict[str, str]:
+    return dict(sorted(_clauses.items()))
+
+
 class Violation(AssertionError):
-    """A check found the backend breaking `contract` (clause `clause`)."""
+    """A check found the backend breaking `contract` (clause `clause`).
+    The contract and clause count only when the kit's code raised it."""
 
     def __init__(self, message: str, contract: str | None = None, clause: str | None = None) -> None:
         super().__init__(message)
-        if contract:
-            setattr(self, CONTRACT_TAG, contract)
-        if clause:
-            setattr(self, CLAUSE_TAG, clause)
+        if (contract or clause) and trusted_caller(_constructor_depth(self)):
+            _set_tags(self, contract, clause, None)
+
+
+def _constructor_depth(error: BaseException) -> int:
+    """How many __init__ frames (of subclasses calling up) lie between the
+    caller of _constructor_depth's caller and the code that made `error`."""
+    depth, frame = 1, sys._getframe(2)
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is error:
+        depth += 1
+        frame = frame.f_back
+    return depth
 
 
 class Inconclusive(pytest.skip.Exception):
-    """The test is no evidence about its contract(s) here (the reason says why)."""
+    """The test is no evidence about its contract(s) here (the reason says
+    why). Counts only when raised by inconclusive() from the kit's code."""
 
 
-def inconclusive(reason: str) -> None:
-    """End the test as no evidence (see Inconclusive)."""
+class UntrustedEvidence(RuntimeError):
+    """Code outside the kit tried to declare evidence (see above)."""
+
+
+def inconclusive(reason: str, applies: bool = True) -> None:
+    """End the test as no evidence (see Inconclusive). `applies` False: what
+    the test checks does not apply to this backend (it needs a second device,
+    or something the backend legitimately lacks), so its clauses do not
+    count against the contract; else they are undecided. Only the kit's
+    code may call it: from anywhere else it raises UntrustedEvidence, an error."""
     __tracebackhide__ = True
-    raise Inconclusive(reason, allow_module_level=False)
+    if not trusted_caller():
+        caller = sys._getframe(1)
+        raise UntrustedEvidence(
+            f"inconclusive({reason!r}) was called from {caller.f_code.co_filename}:{caller.f_lineno}, outside the "
+            "kit: only the kit's own checks may declare a test inconclusive")
+    error = Inconclusive(reason, allow_module_level=False)
+    _issued[id(error)] = error
+    if not applies:
+        _not_applicable_errors[id(error)] = error
+    raise error
+
+
+_not_applicable_errors: dict[int, BaseException] = {}
+
+
+def declared_not_applicable(error: BaseException) -> bool:
+    """Whether the kit ended the test with inconclusive(..., applies=False)."""
+    return _not_applicable_errors.get(id(error)) is error
+
+
+def _set_tags(error: BaseException, contract: str | None, clause: str | None, step: str | None) -> None:
+    entry = _tags.get(id(error))
+    tags = entry[1] if entry is not None and entry[0] is error else {}
+    for key, value in (("contract", contract), ("clause", clause), ("step", step)):
+        if value and key not in tags:
+            tags[key] = value
+    _tags[id(error)] = (error, tags)
+
+
+def _tag(error: BaseException, key: str) -> str | None:
+    entry = _tags.get(id(error))
+    return entry[1].get(key) if entry is not None and entry[0] is error else None
 
 
 def contract_of(error: BaseException) -> str | None:
-    return getattr(error, CONTRACT_TAG, None)
+    return _tag(error, "contract")
 
 
 def clause_of(error: BaseException) -> str | None:
-    return getattr(error, CLAUSE_TAG, None)
+    return _tag(error, "clause")
 
 
 def step_of(error: BaseException) -> str | None:
-    return getattr(error, STEP_TAG, None)
+    return _tag(error, "step")
 
 
 def tag(error: BaseException, contract: str, clause: str | None = None, step: str | None = None) -> None:
-    """Charge `error` to `contract` unless an inner scope or check already did."""
-    try:
-        if contract_of(error) is None:
-            setattr(error, CONTRACT_TAG, contract)
-            if clause:
-                setattr(error, CLAUSE_TAG, clause)
-        if step and step_of(error) is None:
-            setattr(error, STEP_TAG, step)
-    except (AttributeError, TypeError):  # an exception type without a __dict__: stays untagged
-        pass
+    """Charge `error` to `contract` unless an inner scope or check already
+    did (the kit's code only: a call from elsewhere changes nothing)."""
+    if not trusted_caller():
+        return
+    _set_tags(error, None if contract_of(error) else contract, None if contract_of(error) else clause, step)
+
+
+def copy_tags(source: BaseException, target: BaseException) -> None:
+    """Charge `target` (an exception replacing `source`) as `source` is charged."""
+    if trusted_caller():
+        _set_tags(target, contract_of(source), clause_of(source), step_of(source))
 
 
 # ------------------------------------------------------------ open scopes
@@ -101,6 +282,7 @@ def set_channel(send: Callable[[dict], None] | None) -> None:
     global _channel, _channel_pid
     _channel, _channel_pid = send, os.getpid()
     _scopes.clear()
+    forget()
 
 
 def _announce(thread: int) -> None:
@@ -110,22 +292,42 @@ def _announce(thread: int) -> None:
         _channel({SCOPE_MESSAGE: {"thread": thread, "scope": innermost}})
 
 
+_clause_scopes = threading.local()   # the clauses of this thread's open scopes, innermost last
+
+
+def scoped_clause() -> str | None:
+    """The clause of the calling thread's innermost open scope, if it names one."""
+    stack = getattr(_clause_scopes, "stack", None)
+    return stack[-1] if stack else None
+
+
 @contextmanager
-def scope(contract: str, step: str | None = None) -> Iterator[None]:
+def scope(contract: str, step: str | None = None, decides: bool = False) -> Iterator[None]:
     """Everything inside is evidence about `contract`: a contract ID, or a
-    clause of one (DM-SET-001.2). See the module's doc."""
+    clause of one (DM-SET-001.2). See the module's doc. A scope is no check:
+    a must_raise inside decides its clause, and `decides` makes leaving the
+    scope without an exception decide it (the calls inside must succeed:
+    that is the clause)."""
     contract, _, number = contract.partition(".")
     clause = f"{contract}.{number}" if number else None
     thread = threading.get_ident()
     with _lock:
         _scopes.setdefault(thread, []).append((contract, step))
         _announce(thread)
+    stack = _clause_scopes.__dict__.setdefault("stack", [])
+    stack.append(clause)
     try:
         yield
+        if decides and clause:
+            decided(clause)
     except BaseException as error:
-        tag(error, contract, clause, step)
+        if contract_of(error) is None:
+            _set_tags(error, contract, clause, step)
+        else:
+            _set_tags(error, None, None, step)
         raise
     finally:
+        stack.pop()
         with _lock:
             _scopes[thread].pop()
             if not _scopes[thread]:
