@@ -20,9 +20,18 @@ kit forces that window instead of hoping for it:
   blocked (a backend that legitimately waits on it only takes longer).
 * **Long work** (probable): without a gate, the kit queues device work long
   enough to still be running when it looks (device-to-device copies,
-  calibrated per device) and escalates the amount until the observation is
-  conclusive. On a backend that runs everything synchronously, no observation
-  is ever conclusive, which is right: such a backend keeps every ordering rule.
+  calibrated per device), ending with a marker: a 4-byte copy of a value
+  used once. Whether the work is still pending is *seen*, not asked of the
+  API under test: the marker is read on a stream of its own (``peek``),
+  which no other stream's work orders. Work seen pending before a call that
+  must wait for it, and seen done when the call returns, is evidence; work
+  seen pending after such a call returned is a failure. When the work is
+  seen done before the call, nothing is learnt: the check escalates the
+  amount of work (SCALES), and if no scale shows work in flight, its clause
+  is undecided (``unobserved``): a check that could not observe never
+  passes. On a backend that computes synchronously (it does not claim the
+  async-operators feature) the clause is not applicable instead: nothing is
+  ever in flight there, so no ordering rule can be broken.
 
 Which of the two a check used is recorded in its result (Hold.certain).
 """
@@ -37,6 +46,8 @@ from typing import Any
 
 import torch
 
+from privateuse1_conformance.harness.evidence import not_applicable, undecided
+
 from ._helpers import check, in_thread, must, scope
 
 # Elements of the background load's buffers (2 MiB of float32 per copy).
@@ -50,6 +61,7 @@ LOAD_MAX_UNITS = 256
 SCALES = (1, 4, 16)
 GATE_LIMIT = 5.0       # seconds after which a held stream is released whatever happens
 RELEASE_DELAY = 0.3    # seconds a call that must wait for a held stream is given to return early
+MARKERS = 256          # markers of one Load: each hold of long work uses one, once
 
 
 class Load:
@@ -71,6 +83,13 @@ class Load:
                              f"torch.full(..., device={self.device})")
         self.scratch = must(lambda: torch.empty(elements, device=self.device),
                             f"torch.empty(..., device={self.device})")
+        # The markers that end held long work (see the module's doc): slot k
+        # is written with k + 1 by the k-th hold, once.
+        self.markers = must(lambda: torch.zeros(MARKERS).to(self.device), f"Tensor.to({self.device})")
+        self.marks = must(lambda: torch.arange(1, MARKERS + 1, dtype=torch.float32).to(self.device),
+                          f"Tensor.to({self.device})")
+        self.used_markers = 0
+        self._side: torch.Stream | None = None
         self.units = self._calibrate()
 
     def unit(self) -> None:
@@ -117,6 +136,33 @@ class Load:
         current stream of its device, which synchronizes only that stream)."""
         return bool((target.cpu() == self.value).all())
 
+    def mark(self, stream) -> int:
+        """Queue on `stream` the write of a fresh marker; returns its slot."""
+        slot = self.used_markers
+        if slot >= MARKERS:
+            raise RuntimeError("suite bug: a Load's markers are used up (make a new Load)")
+        self.used_markers += 1
+        with stream:
+            self.markers[slot:slot + 1].copy_(self.marks[slot:slot + 1])
+        return slot
+
+    def _unordered(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` read to the host on a stream of its own: the read waits
+        for no other stream, so it shows how far the device got."""
+        if self._side is None:
+            self._side = new_stream(self.device.type, self.device.index)
+        with self._side:
+            return tensor.to("cpu")
+
+    def peek(self, slot: int) -> bool:
+        """Whether marker `slot` was written (an unordered read)."""
+        return float(self._unordered(self.markers[slot])) == slot + 1
+
+    def seen_final(self, target: torch.Tensor) -> bool:
+        """Whether `target` already holds the written value, read without
+        waiting for the work that writes it (see peek)."""
+        return bool((self._unordered(target) == self.value).all())
+
 
 class Hold:
     """A stream kept from running what is queued on it after this point, until
@@ -124,12 +170,15 @@ class Hold:
     backend's instrumentation, False for long work that is probably still
     running."""
 
-    def __init__(self, stream, release: Callable[[], None], certain: bool) -> None:
+    def __init__(self, stream, release: Callable[[], None], certain: bool, load: Load | None = None,
+                 marker: int | None = None) -> None:
         self.stream = stream
         self.certain = certain
         self._release = release
         self._lock = threading.Lock()
         self._held = True
+        self._load, self._marker = load, marker
+        self.overlapped = False   # whether the work was ever seen pending
         self._timer: threading.Timer | None = None
         if certain:
             self._timer = threading.Timer(GATE_LIMIT, self.release)
@@ -141,6 +190,16 @@ class Hold:
         """Whether the gate is still closed (always False for long work, which
         the kit cannot know to be running)."""
         return self.certain and self._held
+
+    def pending(self) -> bool:
+        """Whether the held work is still pending now: the gate is closed, or
+        the long work's marker is not yet written (seen on another stream)."""
+        if self.certain:
+            pending = self.held
+        else:
+            pending = not self._load.peek(self._marker)
+        self.overlapped |= pending
+        return pending
 
     def release(self) -> None:
         with self._lock:
@@ -169,26 +228,49 @@ def hold(backend, stream, load: Load | None = None, scale: int = 1) -> Hold:
         raise ValueError("suite bug: hold() without a gate needs a Load")
     with stream:
         load.queue(load.units * scale)
-    return Hold(stream, lambda: None, certain=False)
+    return Hold(stream, lambda: None, certain=False, load=load, marker=load.mark(stream))
 
 
-def waited(call: Callable[[], Any], held: Hold) -> tuple[Any, bool | None]:
-    """Run `call`, which must wait for work behind `held`: another thread
-    releases the hold after RELEASE_DELAY. Returns (its result, whether it
-    returned while the stream was still held), None when the hold is not a
-    gate (then only the values can tell)."""
+def waited(call: Callable[[], Any], held: Hold, keep: bool = False) -> tuple[Any, bool | None]:
+    """Run `call`, which may wait for work behind `held`: another thread
+    releases a gate after RELEASE_DELAY. Returns (its result, whether it
+    returned while the work was still held or pending); None when the work
+    was not seen pending before the call (nothing to wait for: no evidence).
+    `keep`: a gate that the call returned under stays closed (until the hold
+    ends), so that what the check does next happens while the work is held."""
     if not held.certain:
-        return call(), None
+        before = held.pending()
+        result = call()
+        return result, (held.pending() if before else None)
     releaser = threading.Timer(RELEASE_DELAY, held.release)
     releaser.daemon = True
     releaser.start()
+    early = False
     try:
         result = call()
         early = held.held
     finally:
-        held.release()
-        releaser.cancel()
+        if keep and early:
+            releaser.cancel()
+        else:
+            held.release()
+            releaser.cancel()
     return result, early
+
+
+def unobserved(backend, clauses, what: str) -> None:
+    """No scale showed work in flight for the checks of `clauses` (see the
+    module's doc): on a backend that computes synchronously the clauses do
+    not apply; on any other they are undecided, never passed."""
+    for clause in [clauses] if isinstance(clauses, str) else clauses:
+        if "async-operators" in backend.manifest.unclaimed:
+            not_applicable(clause, f"{what}: the work was always complete before the host looked, and the backend "
+                                   "computes synchronously (it does not claim async-operators): nothing is ever in "
+                                   "flight for this rule to order")
+        else:
+            undecided(clause, f"{what}: no work was seen in flight when it mattered, at any scale (long work up "
+                              f"to {SCALES[-1]}x the calibrated amount, or the instrumentation's block_stream gate), "
+                              "so the rule could not be observed")
 
 
 def poll(condition: Callable[[], bool], until: Callable[[], bool] | None = None) -> bool:
@@ -273,15 +355,18 @@ def check_producer_consumer(dt, backend, make_consumer_wait, consumer_is_current
                 while not consumer_done and time.monotonic() < deadline:
                     time.sleep(0.005)
                     consumer_done = consumer.query()
-            conclusive = held.held or not producer.query()
-            still_held = held.held
-        if still_held:
+            # (after the consumer's answer: the producer was pending while it answered)
+            conclusive = held.pending()
+        if conclusive:
             check(clause, not consumer_done,
-                  f"after {what}, the consumer stream finished while the producer was still held: the wait did not "
-                  "order the streams")
+                  f"after {what}, the consumer stream finished while the producer was still held or pending: the wait "
+                  "did not order the streams")
         consumer.synchronize()
         check(clause, load.is_final(consumed), f"after {what}, the consumer stream read the producer's result before "
-                                               "the producer finished: the wait did not order the streams")
+                                               "the producer finished: the wait did not order the streams",
+              observed=conclusive)
         producer.synchronize()
         if conclusive:
             break
+    else:
+        unobserved(backend, clause, f"the consumer after {what} while the producer had work in flight")

@@ -473,6 +473,7 @@ class OperatorCheck:
         is told (the cells so far, and this one), so that a crash or hang
         lands on this cell and the cells done before keep their verdicts."""
         outcome = self.report.outcome(dtype, check)
+        self._running = (dtype, check)
         progress(CELLS_PROPERTY, {**self.report.property(), "at": [dtype, check]})
         return outcome
 
@@ -500,15 +501,29 @@ class OperatorCheck:
             try:
                 self._run_dtype(dtype)
             except NotClaimed as e:
-                name = dtype_name(dtype)
-                self.report.cells[name] = {"forward": Outcome("not-claimed", str(e))}
+                self._not_claimed(dtype_name(dtype), "forward", e)
         if self.op.error_inputs_func is not None and ERRORS_DTYPE not in self.report.cells:
             try:
                 self._check_errors()
             except NotClaimed as e:
-                self.report.cells[ERRORS_DTYPE] = {"errors": Outcome("not-claimed", str(e))}
+                self._not_claimed(ERRORS_DTYPE, "errors", e)
         self.report.close()
         return self.report
+
+    def _not_claimed(self, name: str, first_check: str, error: NotClaimed) -> None:
+        """A missing kernel of the derived claim: the dtype (cell `name`) is
+        not claimed, unless the device already ran some of its inputs. Then
+        the operator is claimed for it by running, and a kernel that refuses
+        other inputs fails the check it happened in; what was recorded stays."""
+        recorded = self.report.cells.get(name, {})
+        if not any(o.verdict in ("pass", "fail", "error") for o in recorded.values()):
+            self.report.cells[name] = {first_check: Outcome("not-claimed", str(error))}
+            return
+        at = getattr(self, "_running", None)
+        running = at[1] if at and at[0] == name else first_check
+        self.report.outcome(name, running).record(
+            "fail", f"{error}, for inputs of {name} after the device had run others of {name}: a claimed operator and "
+                    "dtype must run every input (a kernel that refuses some inputs fails; it is not 'not claimed')")
 
     def _samples(self, dtype: torch.dtype, requires_grad: bool, clause: str):
         name = dtype_name(dtype)

@@ -20,6 +20,8 @@ import pytest
 
 from privateuse1_conformance.conformance import _cxx
 
+from privateuse1_conformance.harness.evidence import not_applicable
+
 from ._helpers import check, initialized_by, must, scope
 
 contract = pytest.mark.contract
@@ -85,6 +87,9 @@ def test_guarding_the_current_device_keeps_it_and_creates_no_context(mod, n):
 @contract("GD-DEV-002")
 def test_guarding_the_current_device_switches_nothing(guard_kind, instrument, mod, n):
     count = instrument("device_switch_count")
+    if count is None:
+        not_applicable("GD-DEV-002.3", "the runtime's device switches are counted by the instrumentation's "
+                                       "device_switch_count(), which the backend does not offer")
     if count is not None and n >= 2:
         # The counter must count, or "no switch" proves nothing.
         must(lambda: _cxx.guard_set_device(0), "the guard's setDevice(0)")

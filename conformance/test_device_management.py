@@ -39,7 +39,7 @@ def test_backend_name_is_the_device_type(dt):
 @contract("DM-NAME-002")
 @pytest.mark.zero_devices_ok
 def test_rename_is_once(dt):
-    with scope("DM-NAME-002.1"):
+    with scope("DM-NAME-002.1", decides=True):
         must(lambda: torch.utils.rename_privateuse1_backend(dt), f"renaming PrivateUse1 again to {dt!r}")
     with scope("DM-NAME-002.2"):
         must_raise(lambda: torch.utils.rename_privateuse1_backend(dt + "x"),

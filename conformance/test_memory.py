@@ -19,7 +19,7 @@ import threading
 import pytest
 import torch
 
-from ._async import RELEASE_DELAY, Load, hold
+from ._async import RELEASE_DELAY, SCALES, Load, hold, unobserved, waited
 from ._helpers import check, inconclusive, initialized_by, must, must_raise, require_allocator, scope
 
 contract = pytest.mark.contract
@@ -172,7 +172,8 @@ def test_counters_are_per_device(dt, mod, n, two_devices):
 @pytest.mark.zero_devices_ok
 def test_memory_functions_before_initialization(mod, n, cxx):
     if callable(getattr(mod, "is_initialized", None)) and mod.is_initialized():
-        inconclusive("the backend was initialized before the test started (at import)")
+        inconclusive("the backend was initialized before the test started (at import): there is no state before "
+                     "initialization to check", applies=False)
 
     def ask() -> dict:
         with scope("MM-STAT-002.3"):
@@ -370,16 +371,25 @@ def test_non_blocking_host_to_device(dt, backend):
 
     # The idiom x.pin_memory().to(device, non_blocking=True) frees the pinned
     # buffer at once: its memory must not be reused before the copy ran.
-    with hold(backend, stream, load) as held, _Release(held):
-        with scope("MM-COPY-001.3"):
-            dst = must(lambda: expected.pin_memory().to(dt, non_blocking=True),
-                       "x.pin_memory().to(device, non_blocking=True)")
-            reuse = torch.empty(N, dtype=torch.float32, pin_memory=True)
-            reuse.fill_(-7.0)
-    A.synchronize()
-    check("MM-COPY-001.3", torch.equal(dst.cpu(), expected),
-          "a non_blocking copy from a pinned tensor that was freed right after the call read overwritten memory: the "
-          "pinned allocator must keep the block until the queued copy has run (record an event)")
+    for scale in SCALES:
+        with hold(backend, stream, load, scale) as held:
+            with scope("MM-COPY-001.3"):
+                # Returned while the work before the copy was pending (early):
+                # the copy is queued while the block is reused. Returned after
+                # it: the copy waited, so the reuse cannot reach it.
+                dst, early = waited(lambda: must(lambda: expected.pin_memory().to(dt, non_blocking=True),
+                                                 "x.pin_memory().to(device, non_blocking=True)"), held, keep=True)
+                reuse = torch.empty(N, dtype=torch.float32, pin_memory=True)
+                reuse.fill_(-7.0)
+        A.synchronize()
+        check("MM-COPY-001.3", torch.equal(dst.cpu(), expected),
+              "a non_blocking copy from a pinned tensor that was freed right after the call read overwritten memory: "
+              "the pinned allocator must keep the block until the queued copy has run (record an event)",
+              observed=early is not None)
+        if early is not None:
+            break
+    else:
+        unobserved(backend, "MM-COPY-001.3", "a pinned source freed and reused while its copy was queued")
 
 
 @contract("MM-COPY-001")
@@ -400,17 +410,22 @@ def test_non_blocking_device_to_host(dt, backend):
 
     # Only copies are queued behind the hold (any other operator may be
     # synchronous on some backend and would wait for it).
-    with hold(backend, stream, load) as held, _Release(held):
-        with scope("MM-COPY-001.3"):
-            moved = must(lambda: computed.clone().to("cpu", non_blocking=True),
-                         "device.clone().to('cpu', non_blocking=True)")
-            # The device temporary (the clone) is freed at once; new work may reuse its memory.
-            overwrite = torch.empty(N, device=dt).copy_(minus3)
-    must(A.synchronize, "torch.accelerator.synchronize()")
-    check("MM-COPY-001.3", moved.device.type == "cpu" and torch.equal(moved, expected),
-          "a non_blocking device-to-host copy of a tensor freed right after the call differs once synchronized: the "
-          "copy must run before the freed memory is reused (stream-ordered reuse)")
-    del overwrite
+    for scale in SCALES:
+        with hold(backend, stream, load, scale) as held:
+            with scope("MM-COPY-001.3"):
+                moved, early = waited(lambda: must(lambda: computed.clone().to("cpu", non_blocking=True),
+                                                   "device.clone().to('cpu', non_blocking=True)"), held, keep=True)
+                # The device temporary (the clone) is freed at once; new work may reuse its memory.
+                overwrite = torch.empty(N, device=dt).copy_(minus3)
+        must(A.synchronize, "torch.accelerator.synchronize()")
+        check("MM-COPY-001.3", moved.device.type == "cpu" and torch.equal(moved, expected),
+              "a non_blocking device-to-host copy of a tensor freed right after the call differs once synchronized: "
+              "the copy must run before the freed memory is reused (stream-ordered reuse)", observed=early is not None)
+        del overwrite
+        if early is not None:
+            break
+    else:
+        unobserved(backend, "MM-COPY-001.3", "a device temporary freed and reused while its copy to the host was queued")
 
 
 COPY_CASES = {
@@ -431,24 +446,35 @@ def test_non_blocking_copy_from_pageable_memory_reads_the_source_in_time(case, d
     load = Load(dt, 0)
     stream = torch.accelerator.current_stream(0)
     for overwrite in ("overwritten", "freed"):
-        source = original.clone()
-        with hold(backend, stream, load) as held, _Release(held):
+        for scale in SCALES:
+            source = original.clone()
+            with hold(backend, stream, load, scale) as held:
+                with scope(clause):
+                    # Returned while the work before the copy was pending: the
+                    # host changes the source while the copy is queued.
+                    # Returned after it: the call read the source itself.
+                    dst, early = waited(lambda: must(
+                        lambda: source.to(dt, dtype=target_dtype, non_blocking=True),
+                        f"Tensor.to(device, dtype={target_dtype}, non_blocking=True) from pageable memory"), held, keep=True)
+                if overwrite == "overwritten":
+                    source.fill_(-1)
+                else:
+                    del source
+                    garbage = torch.full((N,), -1, dtype=source_dtype)  # likely to take the freed memory
+                queued = early is not None
             with scope(clause):
-                dst = must(lambda: source.to(dt, dtype=target_dtype, non_blocking=True),
-                           f"Tensor.to(device, dtype={target_dtype}, non_blocking=True) from pageable memory")
-            if overwrite == "overwritten":
-                source.fill_(-1)
-            else:
-                del source
-                garbage = torch.full((N,), -1, dtype=source_dtype)  # likely to take the freed memory
-        with scope(clause):
-            must(A.synchronize, "torch.accelerator.synchronize()")
-            got = dst.cpu()
-        check(clause, dst.dtype == target_dtype and torch.equal(got, expected),
-              f"a non_blocking copy {case} whose source was {overwrite} right after the call returned differs from the "
-              "blocking copy once synchronized: the call must read (or stage) a pageable source before it returns")
-        if overwrite == "freed":
-            del garbage
+                must(A.synchronize, "torch.accelerator.synchronize()")
+                got = dst.cpu()
+            check(clause, dst.dtype == target_dtype and torch.equal(got, expected),
+                  f"a non_blocking copy {case} whose source was {overwrite} right after the call returned differs from "
+                  "the blocking copy once synchronized: the call must read (or stage) a pageable source before it "
+                  "returns", observed=queued)
+            if overwrite == "freed":
+                del garbage
+            if queued:
+                break
+        else:
+            unobserved(backend, clause, f"a pageable source {overwrite} while its non_blocking copy was queued")
 
 
 @contract("MM-COPY-002")

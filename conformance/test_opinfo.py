@@ -20,8 +20,9 @@ from __future__ import annotations
 import pytest
 
 from privateuse1_conformance.harness import evidence
-from privateuse1_conformance.harness.evidence import Violation, inconclusive
-from privateuse1_conformance.harness.operators import CELLS_PROPERTY, OUTCOMES_PROPERTY
+from privateuse1_conformance.harness.evidence import Violation, decided, inconclusive, not_applicable
+from privateuse1_conformance.harness.operators import (CELLS_PROPERTY, DEFAULT_SET_CLAUSE, OUTCOMES_PROPERTY, default_set_refusal,
+                                                      in_default_set)
 
 from . import _opinfo
 
@@ -41,6 +42,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # decides OP-INFO-002.3
 # decides OP-INFO-003.1
 # decides OP-INFO-004.1
+# checks OP-INFO-001.3 for the default set's operators (default_set_claimed)
 @pytest.mark.contract(*CONTRACTS)
 def test_operator(opinfo_key: str, session, request) -> None:
     """All checks of one OpInfo entry, for every claimed dtype the CPU supports."""
@@ -65,6 +67,10 @@ def test_operator(opinfo_key: str, session, request) -> None:
         report.cells[name] = {"forward": _opinfo.Outcome("not-claimed", reason)}
     request.node.user_properties.append((CELLS_PROPERTY, report.property()))
     outcomes = per_contract(report)
+    if in_default_set(opinfo_key, op.name):
+        refusal = default_set_claimed(report, not_claimed, claims)
+        if refusal:
+            outcomes["OP-INFO-001"] = ["fail", default_set_refusal(opinfo_key, refusal), DEFAULT_SET_CLAUSE]
     request.node.user_properties.append((OUTCOMES_PROPERTY, outcomes))
     failed = [(c, o) for c, o in outcomes.items() if o[0] in ("fail", "error")]
     if failed:
@@ -76,6 +82,28 @@ def test_operator(opinfo_key: str, session, request) -> None:
     if all(o[0] == "inconclusive" for o in outcomes.values()):
         inconclusive(next((o.message for checks in report.cells.values() for o in checks.values()
                            if o.verdict == "not-claimed"), "no check of this operator had a sample to compare"))
+
+
+def default_set_claimed(report: _opinfo.OperatorReport, not_claimed: dict[str, str], claims) -> str | None:
+    """OP-INFO-001.3 for an operator of the default set: None when the
+    backend claims it (some dtype it ran, or none of its dtypes among the
+    manifest's [operators] dtypes, which the backend claims for no operator),
+    else why it is not claimed."""
+    ran = [dtype for dtype, checks in report.cells.items() if dtype not in (_opinfo.ERRORS_DTYPE,)
+           and any(o.verdict != "not-claimed" for o in checks.values())]
+    if ran:
+        decided(DEFAULT_SET_CLAUSE)
+        return None
+    if not report.cells and not not_claimed:
+        not_applicable(DEFAULT_SET_CLAUSE, f"{report.name} has no dtype the CPU supports (a variant for other devices)")
+        return None
+    if not_claimed and claims.dtypes is not None and all(
+            reason.endswith("is not among the manifest's [operators] dtypes") for reason in not_claimed.values()):
+        not_applicable(DEFAULT_SET_CLAUSE, f"{report.name} has no dtype among the manifest's [operators] dtypes")
+        return None
+    reasons = [o.message for checks in report.cells.values() for o in checks.values() if o.verdict == "not-claimed"]
+    reasons += [r for r in not_claimed.values() if not r.endswith("is not among the manifest's [operators] dtypes")]
+    return next(iter(reasons), "no dtype of it was claimed")
 
 
 class OperatorError(RuntimeError):

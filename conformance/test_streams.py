@@ -17,7 +17,8 @@ import time
 import pytest
 import torch
 
-from ._async import SCALES, Load, check_producer_consumer, current_streams, default_streams, hold, new_stream, poll, waited
+from ._async import (SCALES, Load, check_producer_consumer, current_streams, default_streams, hold, new_stream, poll,
+                     unobserved, waited)
 from ._helpers import check, in_thread, must, scope
 
 contract = pytest.mark.contract
@@ -88,8 +89,7 @@ def test_new_streams_are_independent_queues(dt, backend):
         with hold(backend, busy, load, scale) as held:
             idle_done = must(idle.query, "Stream.query() of an idle new stream")
             default_done = must(default.query, "Stream.query() of the idle default stream")
-            busy_done = must(busy.query, "Stream.query()")
-            conclusive = held.held or not busy_done
+            conclusive = held.pending()
         busy.synchronize()
         if conclusive:  # still busy after the other answers: they are conclusive
             check("ST-NEW-001.3", idle_done, "while work was in flight on one new stream, another new stream reported "
@@ -97,6 +97,8 @@ def test_new_streams_are_independent_queues(dt, backend):
             check("ST-NEW-001.3", default_done, "while work was in flight on a new stream, the default stream reported "
                                                 "query() == False: new streams must not alias the default stream")
             break
+    else:
+        unobserved(backend, "ST-NEW-001.3", "the other streams' query() while one new stream had work in flight")
 
 
 @contract("ST-PRIO-001")
@@ -189,8 +191,7 @@ def test_work_goes_to_the_current_stream(dt, n, backend):
             with hold(backend, s, load, scale) as held:
                 load.write(target)  # on device j's current stream: s
                 default_done = must(default.query, f"Stream.query() of {dt}:{j}'s default stream")
-                s_done = must(s.query, "Stream.query()")
-                conclusive = held.held or not s_done
+                conclusive = held.pending()
             s.synchronize()
             torch.accelerator.set_stream(default)
             if conclusive:
@@ -198,7 +199,11 @@ def test_work_goes_to_the_current_stream(dt, n, backend):
                       f"with a new stream current on {dt}:{j}, queued work kept the default stream busy: operators "
                       "must run on the current stream")
                 break
-        check("ST-CUR-001.4", load.is_final(target), f"work queued with a new stream current on {dt}:{j} did not happen")
+        else:
+            unobserved(backend, "ST-CUR-001.4", f"the default stream of {dt}:{j} while work was in flight on the "
+                                                "current one")
+        check("ST-CUR-001.4", load.is_final(target), f"work queued with a new stream current on {dt}:{j} did not happen",
+              observed=conclusive)
 
 
 @contract("ST-CUR-001")
@@ -215,22 +220,26 @@ def test_copies_to_the_host_wait_for_the_current_stream(dt, n, backend):
             load.write(target)
             with scope("ST-CUR-001.5"):
                 host, early = waited(lambda: target.cpu(), held)
+        observed = early is not None
         check("ST-CUR-001.5", early is not True,
               "Tensor.cpu() of a tensor written by work queued on the current stream returned while that stream was "
-              "still held: the copy to the host does not wait for the current stream")
+              "still held: the copy to the host does not wait for the current stream", observed=observed)
         check("ST-CUR-001.5", bool((host == load.value).all()),
               "Tensor.cpu() of a tensor written by work queued on the current (non-default) stream returned other "
-              "values: the copy to the host was not ordered after the work")
+              "values: the copy to the host was not ordered after the work", observed=observed)
         item_target = load.target()
         with hold(backend, s, load, scale) as held:
             load.write(item_target)
             with scope("ST-CUR-001.5"):
-                value, early = waited(lambda: item_target[-1].item(), held)
-        check("ST-CUR-001.5", early is not True and value == load.value,
+                value, item_early = waited(lambda: item_target[-1].item(), held)
+        check("ST-CUR-001.5", item_early is not True and value == load.value,
               f"item() of an element written by work queued on the current stream gave {value} "
-              f"{'before the stream was released' if early else ''}: it must wait for the current stream")
-        if held.certain:
+              f"{'before the stream was released' if item_early else ''}: it must wait for the current stream",
+              observed=item_early is not None)
+        if observed and item_early is not None:
             break
+    else:
+        unobserved(backend, "ST-CUR-001.5", "Tensor.cpu() and item() behind work in flight on the current stream")
 
 
 # ------------------------------------------------------------ synchronization
@@ -245,17 +254,22 @@ def test_synchronize_waits_for_the_work(dt, backend):
         with hold(backend, s, load, scale) as held:
             with s:
                 load.write(target)
-            in_flight = held.held or not s.query()
             with scope("ST-SYNC-001.1"):
                 _, early = waited(lambda: must(s.synchronize, "Stream.synchronize()"), held)
+        observed = early is not None  # the work was in flight when synchronize() was called
         check("ST-SYNC-001.1", early is not True,
-              "Stream.synchronize() returned while the stream was still held: it must wait for the stream's work")
+              "Stream.synchronize() returned while the stream's work was still held or pending: it must wait for the "
+              "stream's work", observed=observed)
         check("ST-SYNC-001.1", must(s.query, "Stream.query()") is True,
-              "Stream.query() is False right after Stream.synchronize(): synchronize returned before the work finished")
+              "Stream.query() is False right after Stream.synchronize(): synchronize returned before the work finished",
+              observed=observed)
         check("ST-SYNC-001.1", load.is_final(target),
-              "after Stream.synchronize(), the stream's result is incomplete when read from another stream")
-        if in_flight:
+              "after Stream.synchronize(), the stream's result is incomplete when read from another stream",
+              observed=observed)
+        if observed:
             break
+    else:
+        unobserved(backend, "ST-SYNC-001.1", "Stream.synchronize() behind work in flight")
 
 
 @contract("ST-SYNC-001")
@@ -267,24 +281,25 @@ def test_query_is_false_while_work_is_pending_and_true_only_when_done(dt, backen
     for scale in SCALES:
         target = load.target()
         with hold(backend, s, load, scale) as held:
-            pending = must(s.query, "Stream.query() with work held on the stream")
-            still_held = held.held
-        if still_held:
-            check("ST-SYNC-001.2", pending is False,
-                  "Stream.query() returned True while the stream was held (its last task still running): query() "
-                  "must report work that has not finished")
+            answer = must(s.query, "Stream.query() with work held on the stream")
+            still_pending = held.pending()  # (after the answer: the work was pending while query() answered)
+        check("ST-SYNC-001.2", answer is False or not still_pending,
+              "Stream.query() returned True while the stream's work was still held or pending (its last task still "
+              "running): query() must report work that has not finished", observed=still_pending)
         s.synchronize()
         target = load.target()
         with s:
             load.queue(load.units * scale)
             load.write(target)  # the last task: long, and the one whose result is read
-        in_flight = not s.query()
+        in_flight = not load.seen_final(target)
         poll(s.query)  # a query() that never turns True is a hang (no progress) of this contract
         check("ST-SYNC-001.2", load.is_final(target),
               "Stream.query() returned True while the stream's last task was still writing its result: completion "
-              "reported early")
-        if still_held or in_flight:
+              "reported early", observed=in_flight)
+        if still_pending and in_flight:
             break
+    else:
+        unobserved(backend, "ST-SYNC-001.2", "Stream.query() while work was in flight")
 
 
 @contract("ST-SYNC-001")
@@ -298,18 +313,28 @@ def test_work_on_one_stream_runs_in_order(dt, backend):
     torch.accelerator.synchronize(0)
     s = new_stream(dt, 0)
     load = Load(dt, 0)
-    with hold(backend, s, load):  # everything below is queued before any of it runs
-        with s:
-            for k in range(steps):
-                a.copy_(values[k])   # converting copy: a kernel
-                b.copy_(a)           # plain copy: depends on the previous kernel
-    s.synchronize()
-    a_host, b_host = a.cpu(), b.cpu()
-    check("ST-SYNC-001.3", bool((a_host == steps).all()),
-          f"after {steps} ordered writes on one stream, the tensor holds {sorted(set(a_host.unique().tolist()))}, "
-          f"not {steps}")
-    check("ST-SYNC-001.3", bool((b_host == steps).all()),
-          "a copy queued after a write on the same stream read another value: work on one stream ran out of order")
+    for scale in SCALES:
+        a.zero_()
+        b.zero_()
+        torch.accelerator.synchronize(0)
+        with hold(backend, s, load, scale) as held:  # everything below is queued before any of it runs
+            with s:
+                for k in range(steps):
+                    a.copy_(values[k])   # converting copy: a kernel
+                    b.copy_(a)           # plain copy: depends on the previous kernel
+            queued = held.pending()      # (still pending after the last was queued: all were queued together)
+        s.synchronize()
+        a_host, b_host = a.cpu(), b.cpu()
+        check("ST-SYNC-001.3", bool((a_host == steps).all()),
+              f"after {steps} ordered writes on one stream, the tensor holds {sorted(set(a_host.unique().tolist()))}, "
+              f"not {steps}", observed=queued)
+        check("ST-SYNC-001.3", bool((b_host == steps).all()),
+              "a copy queued after a write on the same stream read another value: work on one stream ran out of order",
+              observed=queued)
+        if queued:
+            break
+    else:
+        unobserved(backend, "ST-SYNC-001.3", f"{steps * 2} tasks queued together behind work in flight")
 
 
 @contract("ST-SYNC-001")
@@ -327,13 +352,18 @@ def test_calls_the_host_waits_for_run_after_the_running_task(dt, backend):
     # and copies' own contracts.
     calls = (("Tensor.cpu()", lambda: x.cpu()), ("torch.nonzero()", lambda: torch.nonzero(x)))
     for name, call in calls:
-        with hold(backend, s, load) as held:
-            with s:
-                _, early = waited(lambda: must(call, name), held)
-        s.synchronize()
-        check("ST-SYNC-001.3", early is not True,
-              f"{name} on a stream whose last task was still running (held) returned before that task finished: "
-              "work on one stream ran out of order")
+        for scale in SCALES:
+            with hold(backend, s, load, scale) as held:
+                with s:
+                    _, early = waited(lambda: must(call, name), held)
+            s.synchronize()
+            check("ST-SYNC-001.3", early is not True,
+                  f"{name} on a stream whose last task was still running (held or pending) returned before that task "
+                  "finished: work on one stream ran out of order", observed=early is not None)
+            if early is not None:
+                break
+        else:
+            unobserved(backend, "ST-SYNC-001.3", f"{name} on a stream whose last task was in flight")
 
 
 @contract("ST-SYNC-001")
@@ -348,7 +378,6 @@ def test_device_synchronize_waits_for_every_stream(dt, backend):
         for s, target in zip(streams, targets):
             with s:
                 load.write(target)
-        in_flight = any(h.held for h in holds) or not streams[0].query() or not streams[1].query()
 
         def sync_all() -> None:
             must(torch.accelerator.synchronize, "torch.accelerator.synchronize()")
@@ -360,16 +389,20 @@ def test_device_synchronize_waits_for_every_stream(dt, backend):
             _, early = waited(sync_all, holds[0])
         for h in holds:
             h.release()
+        observed = early is not None  # the first stream's work was in flight at the call
         check("ST-SYNC-001.4", early is not True,
-              "torch.accelerator.synchronize() returned while a stream of the device was still held")
+              "torch.accelerator.synchronize() returned while a stream of the device was still held or had work "
+              "pending", observed=observed)
         busy = [str(s) for s in streams if not s.query()]
         check("ST-SYNC-001.4", not busy, f"after torch.accelerator.synchronize(), streams still report pending work: "
-                                         f"{busy}")
+                                         f"{busy}", observed=observed)
         for s, target in zip(streams, targets):
             check("ST-SYNC-001.4", load.is_final(target), f"after torch.accelerator.synchronize(), the work of {s} is "
-                                                          "incomplete")
-        if in_flight:
+                                                          "incomplete", observed=observed)
+        if observed:
             break
+    else:
+        unobserved(backend, "ST-SYNC-001.4", "torch.accelerator.synchronize() behind work in flight on two streams")
 
 
 @contract("ST-DEVSYNC-001")
@@ -395,19 +428,23 @@ def test_synchronize_names_the_device(how, dt, n, cxx, backend):
         with hold(backend, pool, load, scale) as held:
             with pool:
                 load.write(targets[1])
-            in_flight = held.held or not pool.query()
             with scope(clause):
                 _, early = waited(lambda: must(lambda: sync(last), f"{how} with device 0 current"), held)
+        observed = early is not None
         check(clause, early is not True, f"{how}({last}) with device 0 current returned while a stream of device "
-                                         f"{last} was still held: it must wait for every stream of the device it names")
+                                         f"{last} was still held or had work pending: it must wait for every stream of "
+                                         "the device it names", observed=observed)
         check("ST-DEVSYNC-001.4", torch.accelerator.current_device_index() == 0, f"{how}({last}) changed the current "
                                                                                   "device")
         busy = [str(s) for s in (default, pool) if not s.query()]
         check(clause, not busy, f"{how}({last}) with device 0 current returned while streams of device {last} still "
-                                f"had work: {busy}")
-        check(clause, all(load.is_final(t) for t in targets), f"after {how}({last}), the device's work is incomplete")
-        if in_flight:
+                                f"had work: {busy}", observed=observed)
+        check(clause, all(load.is_final(t) for t in targets), f"after {how}({last}), the device's work is incomplete",
+              observed=observed)
+        if observed:
             break
+    else:
+        unobserved(backend, clause, f"{how}({last}) behind work in flight on a stream of device {last}")
 
 
 # ------------------------------------------------------------ cross-stream order
@@ -456,14 +493,14 @@ def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend, unclai
         with hold(backend, side, load, scale) as held:  # the side stream is busy ...
             with side:
                 out.copy_(x)                             # ... and reads x only afterwards
-            with scope("ST-REC-001.1"):
+            with scope("ST-REC-001.1", decides=True):
                 must(lambda: x.record_stream(side), "Tensor.record_stream(stream)")
             del x
             # The current stream reuses memory of the same size at once and overwrites it.
             z = torch.empty(elements, dtype=torch.float32, device=device)
             z.fill_(-1.0)
             z_start = z.data_ptr()
-            side_busy = held.held or not side.query()
+            side_busy = held.pending()
         side.synchronize()
         overlaps = z_start < x_end and x_start < z_start + z.untyped_storage().nbytes()
         if side_busy:
@@ -472,7 +509,7 @@ def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend, unclai
                   "the allocator must wait for s (recordDataPtrOnStream)")
         check("ST-REC-001.2", bool((out.cpu() == 3.0).all()),
               "a stream read a tensor after record_stream(stream) and del, and saw it overwritten by a later "
-              "allocation: memory was reused before the stream's work completed")
+              "allocation: memory was reused before the stream's work completed", observed=side_busy)
         del z
         if stats:
             torch.accelerator.synchronize(0)
@@ -485,6 +522,8 @@ def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend, unclai
                   f"({now} != {baseline}): the recorded block was never released")
         if side_busy:
             break
+    else:
+        unobserved(backend, "ST-REC-001.2", "an allocation after record_stream(s) and del while s had work in flight")
 
 
 # ------------------------------------------------------------ Python guard

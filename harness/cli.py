@@ -4,7 +4,7 @@
                                 [--report-dir D] [--contract ID ...] [--operators SELECTION]
                                 [--shard K/N] [-- PYTEST ARGS]
     privateuse1-conformance merge SHARD.json ... [--report-dir D]
-    privateuse1-conformance verify REPORT.json [--level L]
+    privateuse1-conformance verify REPORT.json [--level L] [--backend MODULE]
     privateuse1-conformance diff OLD.json NEW.json [--format text|markdown|json]
     privateuse1-conformance render REPORT.json [--report-dir D]
     privateuse1-conformance contracts [--level L] [--area A] [--format text|markdown|json]
@@ -108,12 +108,45 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE_REPORT
     registry_path = Path(args.registry or registry_mod.default_path())
     registry = registry_mod.load(registry_path)
+    torch_version = str((document.get("provenance") or {}).get("torch_version") or "")
+    try:  # contracts the report's torch does not have yet are not asked of it
+        registry.leave_out_for_torch(torch_version)
+    except ValueError:
+        pass  # (an unreadable version: the torch check below says so)
     contracts = [contract_info(c) for c in registry.active()]
     optional = {f.name for f in registry.features.values() if f.optional}
-    result = verify_mod.verify(document, contracts, optional, args.level,
-                               registry_sha256=hashlib.sha256(registry_path.read_bytes()).hexdigest())
+    result = verify_mod.verify(document, contracts, optional, args.level, kit=kit_facts(registry, args.backend),
+                               level_requirements=registry.level_requirements)
     print(verify_mod.format_text(result, args.report), end="")
     return 0 if result.ok else 1
+
+
+def kit_facts(registry: registry_mod.Registry, backend: str | None = None) -> verify_mod.KitFacts:
+    """What this kit knows of itself, for verify: its version, registry and
+    files, the test functions of its suite (each at the lowest level of its
+    contracts; the C++ cases, whose contracts come from their parameters,
+    at core) and, given a backend module, that module's installed files."""
+    from . import coverage, provenance, versions
+
+    suite_dir = Path(registry_mod.default_path()).parent
+    tests = {}
+    for function, ids in coverage.suite_tests(suite_dir).items():
+        known = [registry.contracts[c] for c in ids if c in registry.contracts]
+        if known and all(c.retired for c in known):
+            continue  # (left out for this torch, or retired)
+        levels = [c.level_rank for c in known if not c.retired]
+        tests[function] = registry_mod.LEVELS[min(levels)] if levels else registry_mod.LEVELS[0]
+
+    def torch_problem(version: str) -> str | None:
+        try:
+            return versions.torch_problem(version)
+        except ValueError as e:
+            return str(e)
+
+    return verify_mod.KitFacts(
+        version=provenance.kit_version(), registry_sha256=hashlib.sha256(registry.path.read_bytes()).hexdigest(),
+        files=provenance.kit_files(), tests=tests, torch_problem=torch_problem,
+        backend_module=backend or "", backend_files=provenance.backend_files(backend) if backend else None)
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -209,8 +242,9 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
     try:
         mutant_registry = mutants_mod.load(mutants_mod.default_path(), registry)
         mutant_clauses = {m.id: list(m.clauses) for m in mutant_registry.mutants.values()}
+        instrumented_only = {m.id for m in mutant_registry.mutants.values() if m.needs_instrumentation}
     except (OSError, mutants_mod.MutantRegistryError):
-        mutant_clauses = {}
+        mutant_clauses, instrumented_only = {}, set()
     cover = coverage_mod.coverage(registry, suite_dir, mutant_clauses)
     clause_count = sum(len(c.clauses) for c in contracts)
     lines = [
@@ -224,9 +258,13 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
         "",
         "For every clause the tables below name the check that decides it (a test of the suite, or a GoogleTest "
         "case of the kit's C++ probe) and the mutant of the reference backend that proves the check can fail "
-        "([mutation testing](mutation-testing.md)). A clause without either is listed with the reason it is "
-        "waived. Under each contract: what observation decides it, and why a backend that honours the statement "
-        "while making other legitimate choices passes.",
+        "([mutation testing](mutation-testing.md)), with OpenReg's instrumentation and without it; a mutant that "
+        "only the instrumentation can kill is marked so (a backend without the instrumentation loses that "
+        "assurance: [vendor guide](vendor-guide.md#instrumentation-optional)). A clause without either is listed "
+        "with the reason it is waived. A contract passes only when every clause with a check was decided by a "
+        "check that could observe it, or does not apply to the backend ([harness](harness.md#clauses-a-pass-needs-"
+        "every-clause-decided)). Under each contract: what observation decides it, and why a backend that honours "
+        "the statement while making other legitimate choices passes.",
         "",
         "## Levels",
         "",
@@ -235,8 +273,11 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
         count = sum(1 for c in contracts if c.level == level)
         needed = sorted({f for c in contracts if c.level == level for f in c.features})
         mandatory = [f for f in needed if not registry.features[f].optional]
+        one_of = registry.level_requirements.get(level, [])
         lines.append(f"- **{level}** ({count} contracts): {_text(description)}"
-                     + (f" Needs the features {', '.join(f'`{f}`' for f in mandatory)}." if mandatory else ""))
+                     + (f" Needs the features {', '.join(f'`{f}`' for f in mandatory)}." if mandatory else "")
+                     + (f" Needs at least one of the optional features {', '.join(f'`{f}`' for f in one_of)} "
+                        "claimed (and its contracts satisfied)." if one_of else ""))
     lines += ["", "## Features a manifest may declare absent", "",
               "| feature | optional for the level | what |", "|---|---|---|"]
     for feature in registry.features.values():
@@ -262,7 +303,9 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
                 for clause_id in c.clause_ids():
                     cc = cover.clauses[clause_id]
                     checks = "<br>".join(f"`{x}`" for x in cc.checks) or f"*waived:* {_cell(cc.waived_check)}"
-                    mutants = "<br>".join(f"`{m}`" for m in cc.mutants) or f"*waived:* {_cell(cc.waived_mutant)}"
+                    mutants = "<br>".join(f"`{m}`" + (" (killed only with instrumentation)" if m in instrumented_only
+                                                      else "") for m in cc.mutants) \
+                        or f"*waived:* {_cell(cc.waived_mutant)}"
                     lines.append(f"| `{clause_id}` | {_cell(cc.text)} | {checks} | {mutants} |")
     gaps = cover.gaps()
     lines += ["", "## Gaps", ""]
@@ -329,11 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(handler=_merge)
 
     verify = commands.add_parser(
-        "verify", help="check a report: schema, digest, consistency, completeness, provenance and "
-                       "every mandatory contract of the level satisfied exactly once")
+        "verify", help="check a report: schema, digest, consistency, a complete and whole run (nothing narrowed), "
+                       "provenance (this kit, a supported torch, isolation, the backend's files), and every "
+                       "mandatory contract of the level satisfied exactly once; exit 0: consistent and complete")
     verify.add_argument("report", help="report.json")
     verify.add_argument("--level", choices=registry_mod.LEVELS,
                         help="the level to verify (default: the level the report claims, else the one it reached)")
+    verify.add_argument("--backend", metavar="MODULE",
+                        help="also compare the backend's files the report records with this module's files as "
+                             "installed here (its Python files and binaries)")
     verify.add_argument("--registry", help=argparse.SUPPRESS)
     verify.set_defaults(handler=_verify)
 

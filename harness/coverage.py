@@ -23,7 +23,10 @@ from .registry import CLAUSE_PATTERN, Registry
 _TEST_F = re.compile(r"^TEST_F\((\w+), (\w+)\)", re.MULTILINE)
 
 
-def _python_mentions(path: Path) -> dict[str, set[str]]:
+_DECIDES_COMMENT = re.compile(r"#\s*decides\b(.*)$")
+
+
+def _python_mentions(path: Path, comments_only: bool = False) -> dict[str, set[str]]:
     """clause -> {"file::test"} for one Python source file.
 
     A mention belongs to the top-level function or class it appears in (a
@@ -72,6 +75,9 @@ def _python_mentions(path: Path) -> dict[str, set[str]]:
     for number, line in enumerate(source.splitlines(), start=1):
         if number in docstrings:
             continue
+        if comments_only:
+            comment = _DECIDES_COMMENT.search(line)
+            line = comment.group(1) if comment else ""
         for match in CLAUSE_PATTERN.finditer(line):
             inside = [name for first, last, name, _ in tops if first <= number <= last]
             following = [(first, name) for first, _, name, _ in tops if first > number]
@@ -96,6 +102,20 @@ def _cxx_mentions(path: Path) -> dict[str, set[str]]:
         if before:
             found.setdefault(match.group(0), set()).add(f"{path.name}::{before[-1]}")
     return found
+
+
+def declared_by_comment(suite_dir: Path) -> dict[str, list[str]]:
+    """Clause -> the Python tests that declare it with a "# decides" comment
+    (the whole test is its check: a pass decides it) and the C++ cases that
+    name it (a GoogleTest case is one check)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(suite_dir.glob("test_*.py")):
+        for clause, owners in _python_mentions(path, comments_only=True).items():
+            found.setdefault(clause, set()).update(owners)
+    for path in sorted((suite_dir / "cxx").glob("*.cpp")):
+        for clause, owners in _cxx_mentions(path).items():
+            found.setdefault(clause, set()).update(owners)
+    return {clause: sorted(owners) for clause, owners in found.items()}
 
 
 def checks_by_clause(suite_dir: Path) -> dict[str, list[str]]:
@@ -161,3 +181,50 @@ def coverage(registry: Registry, suite_dir: Path, mutant_clauses: dict[str, list
             else:
                 unknown.append(f"mutant {mutant}: {clause}")
     return Coverage(clauses, sorted(unknown), no_clauses)
+
+
+def _contract_ids(node: ast.expr, constants: dict[str, list[str]]) -> list[str]:
+    """The contract IDs an argument of @contract(...) names, where it can be
+    read without running the module: a string, or a starred module constant
+    (a tuple or list of strings)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Starred) and isinstance(node.value, ast.Name):
+        return list(constants.get(node.value.id, []))
+    return []
+
+
+def suite_tests(suite_dir: Path) -> dict[str, list[str]]:
+    """Every test function of the suite ("file::function") -> the contract
+    IDs its @pytest.mark.contract(...) decorators name (those that can be
+    read from the source; empty when they come from its parameters, as the
+    C++ cases' do). `verify` requires every test function of a level in a
+    complete run's report: this list comes from the kit's own sources, not
+    from the report."""
+    tests: dict[str, list[str]] = {}
+    for path in sorted(suite_dir.glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases, constants = {"contract"}, {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if isinstance(node.value, ast.Attribute) and node.value.attr == "contract":
+                    aliases.add(name)
+                elif isinstance(node.value, (ast.Tuple, ast.List)) and all(
+                        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.value.elts):
+                    constants[name] = [e.value for e in node.value.elts]
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test_"):
+                continue
+            ids: list[str] = []
+            for decorator in node.decorator_list:
+                if not isinstance(decorator, ast.Call):
+                    continue
+                func = decorator.func
+                named = (isinstance(func, ast.Name) and func.id in aliases) or (
+                    isinstance(func, ast.Attribute) and func.attr == "contract")
+                if named:
+                    for argument in decorator.args:
+                        ids += _contract_ids(argument, constants)
+            tests[f"{path.name}::{node.name}"] = ids
+    return tests

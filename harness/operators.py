@@ -78,6 +78,10 @@ DEFAULT_OPERATORS = (
 )
 
 
+# The --operators values that select every operator a level asks for (docs/operators.md):
+# any other value narrows the run.
+COMPLETE_SELECTIONS = ("default", "all")
+
 # The user properties an operators-area test (conformance/test_opinfo.py)
 # reports through: each contract's outcome, which the plugin charges, and
 # the operator's cells of the operator matrix: {"operator": its OpInfo key,
@@ -236,6 +240,21 @@ def matches(key: str, base: str, pattern: str) -> bool:
 
 def matches_any(key: str, base: str, patterns) -> bool:
     return any(matches(key, base, p) for p in patterns)
+
+
+def in_default_set(key: str, base: str) -> bool:
+    """Whether an OpInfo entry belongs to the default operator set, which a
+    backend must claim to reach the operator contracts' level (docs/operators.md)."""
+    return matches_any(key, base, DEFAULT_OPERATORS)
+
+
+DEFAULT_SET_CLAUSE = "OP-INFO-001.3"
+
+
+def default_set_refusal(key: str, reason: str) -> str:
+    """The message of a default-set operator the backend does not claim."""
+    return (f"{key} belongs to the default operator set (docs/operators.md), which the operator contracts' level "
+            f"needs claimed, but the backend does not claim it: {reason}")
 
 
 def select(entries: list[tuple[str, str]], selection: str) -> list[str]:

@@ -30,6 +30,7 @@ What it does for a run:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -139,6 +140,12 @@ def _preflight_import(module_name: str) -> None:
             f"importing the backend module {module_name!r} {cause}:\n{result.stderr[-4000:]}")
 
 
+def _empty_parameter_set(item: pytest.Item) -> bool:
+    """pytest's stand-in item for a parametrization with no values."""
+    marker = item.get_closest_marker("skip")
+    return marker is not None and str(marker.kwargs.get("reason", "")).startswith("got empty parameter set")
+
+
 class ConformanceSession:
     """State and hooks of one conformance run (registered only with --backend)."""
 
@@ -210,6 +217,10 @@ class ConformanceSession:
         if self.setup_problem is None:
             self._warm()
         self.covered: set[str] = set()
+        # The run's selection (provenance.selection): what narrowed it, and
+        # the tests it selected (before a --shard split).
+        self.narrowed_by: list[str] = []
+        self.selected_ids: list[str] = []
         self.recorder = RunRecorder(self)
         self._start = time.time()
 
@@ -311,6 +322,57 @@ class ConformanceSession:
         import torch._dynamo  # noqa: F401
         import torch._meta_registrations  # noqa: F401
 
+    # ------------------------------------------------------- clauses
+
+    @functools.cached_property
+    def _static_clauses(self) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        """(function -> clauses its "# decides" comments or its C++ case
+        declare, function -> every clause it mentions), from the suite's
+        sources (harness/coverage.py). A C++ case is named "cxx::Suite.Case"."""
+        from . import coverage
+
+        declared: dict[str, set[str]] = {}
+        mentioned: dict[str, set[str]] = {}
+        if self.suite_dir is None:
+            return declared, mentioned
+        for table, found in ((declared, coverage.declared_by_comment(self.suite_dir)),
+                             (mentioned, coverage.checks_by_clause(self.suite_dir))):
+            for clause, owners in found.items():
+                for owner in owners:
+                    file, _, name = owner.partition("::")
+                    key = f"cxx::{name}" if file.endswith(".cpp") else owner
+                    table.setdefault(key, set()).add(clause)
+        return declared, mentioned
+
+    def _function_key(self, nodeid: str) -> str:
+        """The key of a test in _static_clauses: file::function, or cxx::Suite.Case."""
+        test_id = self.test_id(nodeid)
+        head, _, param = test_id.partition("[")
+        if head.endswith("::test_cxx") and param:
+            return f"cxx::{param.rstrip(']')}"
+        return head
+
+    def clauses_of(self, nodeid: str) -> set[str]:
+        """Every clause the test's function checks."""
+        declared, mentioned = self._static_clauses
+        key = self._function_key(nodeid)
+        return declared.get(key, set()) | mentioned.get(key, set())
+
+    def clause_outcomes(self, item: pytest.Item, report: pytest.TestReport,
+                        error: BaseException | None) -> dict[str, str]:
+        """Where the test ran: what it found about each clause (see
+        harness/evidence.py). A test that passed decides what its "# decides"
+        comments or its C++ case declare; a test that ended as not
+        applicable makes its clauses not applicable."""
+        outcomes = evidence.clause_outcomes()
+        if report.passed and report.when == "call":  # (a check that said it could not observe stays so)
+            for clause in self._static_clauses[0].get(self._function_key(item.nodeid), ()):
+                outcomes.setdefault(clause, evidence.DECIDED)
+        if error is not None and evidence.declared_not_applicable(error):
+            for clause in self.clauses_of(item.nodeid):
+                outcomes.setdefault(clause, f"n/a: {getattr(error, 'msg', str(error))}")
+        return dict(sorted(outcomes.items()))
+
     @staticmethod
     def contracts_of(item: pytest.Item) -> list[str]:
         ids: list[str] = []
@@ -385,6 +447,7 @@ class ConformanceSession:
         problems = []
         selected, deselected = [], []
         rank = registry_mod.LEVELS.index(self.level)
+        evidence.trust({str(item.path) for item in items})  # the run's test modules may declare evidence
         for item in items:
             ids = self.contracts_of(item)
             if not ids:
@@ -398,8 +461,8 @@ class ConformanceSession:
                     problems.append(f"{item.nodeid}: contract {contract_id} is retired ({contract.retired})")
             if any(c not in self.registry.contracts for c in ids):
                 continue
-            if any(c in self.left_out for c in ids):
-                deselected.append(item)
+            if any(c in self.left_out for c in ids) or _empty_parameter_set(item):
+                deselected.append(item)  # (an empty parameter set, e.g. --operators none: nothing to run)
                 continue
             self.covered.update(ids)
             in_level = min(self.registry.contracts[c].level_rank for c in ids) <= rank
@@ -418,12 +481,74 @@ class ConformanceSession:
         if deselected:
             config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+        self._ours = {self.test_id(item.nodeid) for item in selected}
         if hasattr(config, "workeroutput"):  # xdist worker: tell the controller
             config.workeroutput["privateuse1_covered"] = sorted(self.covered)
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """What the run selected, and whether anything narrowed it: an
+        option that selects tests (-k, -m, --deselect, --contract, --test,
+        paths, --operators with a few entries) or any plugin that dropped
+        tests of the selected levels. A narrowed run certifies no level."""
+        final = {self.test_id(item.nodeid) for item in session.items}
+        ids = self.sharding.ids if self.sharding is not None else final
+        self.selected_ids = sorted(ids)
+        self.narrowed_by = self.narrowing_options()
+        dropped = getattr(self, "_ours", set()) - set(ids)
+        if dropped and not self.narrowed_by:
+            self.narrowed_by.append(f"{len(dropped)} test(s) of the selected levels were deselected by another "
+                                    f"option or plugin (e.g. {sorted(dropped)[0]})")
+        if hasattr(self.config, "workeroutput"):  # xdist worker: tell the controller
+            self.config.workeroutput["privateuse1_selection"] = [self.selected_ids, self.narrowed_by]
+
+    def narrowing_options(self) -> list[str]:
+        """The options and arguments of this run that select part of the suite."""
+        option, reasons = self.config.option, []
+        if self.only:
+            reasons.append(f"--contract {','.join(sorted(self.only))}")
+        if self.only_tests:
+            reasons.append(f"--test {' '.join(self.only_tests)}")
+        for name, flag in (("keyword", "-k"), ("markexpr", "-m")):
+            if getattr(option, name, None):
+                reasons.append(f"{flag} {getattr(option, name)!r}")
+        for name, flag in (("deselect", "--deselect"), ("ignore", "--ignore"), ("ignore_glob", "--ignore-glob")):
+            if getattr(option, name, None):
+                reasons.append(f"{flag} {' '.join(map(str, getattr(option, name)))}")
+        for name, flag in (("lf", "--last-failed"), ("stepwise", "--stepwise"), ("stepwise_skip", "--stepwise-skip")):
+            if getattr(option, name, False):
+                reasons.append(flag)
+        operators = (self.config.getoption("operators") or "default").strip()
+        if operators not in operators_mod.COMPLETE_SELECTIONS:
+            reasons.append(f"--operators {operators}")
+        for arg in self.config.args:
+            if not self._is_the_suite(arg):
+                reasons.append(f"the run names {arg!r}, not the whole suite")
+        return reasons
+
+    def _is_the_suite(self, arg: str) -> bool:
+        """Whether a collection argument names the whole installed suite (its
+        folder, or its package with --pyargs)."""
+        if "::" in arg or self.suite_dir is None:
+            return False
+        path = Path(arg)
+        if not path.exists():
+            try:
+                spec = importlib.util.find_spec(arg)
+            except (ImportError, ValueError):
+                return False
+            locations = list(spec.submodule_search_locations or []) if spec else []
+            if not locations:
+                return False
+            path = Path(locations[0])
+        return path.resolve() == self.suite_dir
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:  # xdist controller
-        self.covered.update(getattr(node, "workeroutput", {}).get("privateuse1_covered", []))
+        output = getattr(node, "workeroutput", {})
+        self.covered.update(output.get("privateuse1_covered", []))
+        if output.get("privateuse1_selection"):
+            self.selected_ids, self.narrowed_by = output["privateuse1_selection"]
 
     # ---------------------------------------------------------- running
 
@@ -455,9 +580,23 @@ class ConformanceSession:
             reports = [self._not_run_report(item, "not-claimed", self._not_claimed_reason(
                 sorted({f for fs in unclaimed.values() for f in fs})))]
         elif missing:
-            reports = [self._not_run_report(item, "inconclusive", self._not_claimed_reason(missing).replace(
-                "not claimed:", "not applicable here:", 1))]
-        elif (reason := self._operator_not_claimed(item)):
+            reason = self._not_claimed_reason(missing).replace("not claimed:", "not applicable here:", 1)
+            reports = [self._not_run_report(item, "inconclusive", reason)]
+            reports[0].user_properties.append(("clauses", {c: f"n/a: {reason}" for c in self.clauses_of(item.nodeid)}))
+        elif (reason := self._operator_not_claimed(item)) and self._in_default_set(item):
+            # The default set must be claimed (OP-INFO-001.3): excluding one of its operators fails.
+            key = item.callspec.params["opinfo_key"]
+            message = operators_mod.default_set_refusal(key, reason)
+            report = pytest.TestReport(
+                nodeid=item.nodeid, location=item.location, keywords={k: 1 for k in item.keywords},
+                outcome="failed", longrepr=message, when="call", sections=[], duration=0.0,
+                user_properties=[("verdict", "fail"), ("charged", "OP-INFO-001"),
+                                 ("clause", operators_mod.DEFAULT_SET_CLAUSE), ("message", message),
+                                 ("clauses", {operators_mod.DEFAULT_SET_CLAUSE: evidence.DECIDED})])
+            report.user_properties.append((operators_mod.CELLS_PROPERTY, {
+                "operator": key, "cells": {operators_mod.ALL_DTYPES: {"forward": ["not-claimed", reason, 0]}}}))
+            reports = [report]
+        elif reason:
             report = self._not_run_report(item, "inconclusive", f"not claimed: {reason}")
             report.user_properties.append((operators_mod.CELLS_PROPERTY, {
                 "operator": item.callspec.params["opinfo_key"],
@@ -525,6 +664,10 @@ class ConformanceSession:
                           f"{processes} fresh process(es); the operator matrix has their cells")
         return reports
 
+    def _in_default_set(self, item: pytest.Item) -> bool:
+        key = item.callspec.params["opinfo_key"]
+        return operators_mod.in_default_set(key, self.operator(key).name)
+
     def _operator_not_claimed(self, item: pytest.Item) -> str | None:
         """Why the manifest does not claim the operator an operators-area test checks, or None."""
         callspec = getattr(item, "callspec", None)
@@ -549,12 +692,26 @@ class ConformanceSession:
             user_properties=[("verdict", verdict)],
         )
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        evidence.forget()  # (where the test runs: the kit's declarations are the test's own)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         """Runs where the test runs (the child): tell fail from error, and
         charge the outcome to the contract it is evidence about."""
         report = yield
         error = call.excinfo.value if call.excinfo is not None else None
+        if report.skipped and error is not None and not evidence.raised_by_kit(error):
+            # A skip, an xfail or the kit's Inconclusive raised by the
+            # backend: only the kit decides that a test is no evidence.
+            report.outcome = "failed"
+            report.longrepr = (f"the backend raised {type(error).__module__}.{type(error).__name__}"
+                               f"({getattr(error, 'msg', str(error))!r}) out of the code under test: only the "
+                               "kit's own checks may end a test as skipped or inconclusive, so this is the "
+                               f"backend's error\n{call.excinfo.getrepr(style='short')}")
+            if hasattr(report, "wasxfail"):
+                del report.wasxfail
         if report.passed:
             verdict = "pass"
         elif report.skipped:
@@ -571,6 +728,8 @@ class ConformanceSession:
         else:
             verdict = "error"
         report.user_properties.append(("verdict", verdict))
+        if call.when == "call" or (report.skipped and error is not None):
+            report.user_properties.append(("clauses", self.clause_outcomes(item, report, error)))
         if error is not None:
             charged = evidence.contract_of(error)
             if charged:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import re
@@ -57,6 +59,71 @@ def kit_commit() -> str | None:
     if head is None:
         return None
     return head.strip() + ("-dirty" if dirty and dirty.strip() else "")
+
+
+# ------------------------------------------------------------ file hashes
+
+KIT_PACKAGES = ("conformance", "harness", "reports")
+_SKIPPED_PARTS = {"__pycache__"}
+
+
+def _hash_tree(root: Path, prefix: str, suffixes: tuple[str, ...] | None = None) -> dict[str, str]:
+    """sha256 of every file under `root` (sorted, by `prefix`/relative
+    path), without caches, hidden folders or (with `suffixes`) other files."""
+    hashes = {}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if not path.is_file() or _SKIPPED_PARTS & set(relative.parts) or any(
+                part.startswith(".") for part in relative.parts) or path.suffix == ".pyc":
+            continue
+        if suffixes is not None and not path.name.endswith(suffixes) and ".so." not in path.name:
+            continue
+        hashes[f"{prefix}/{relative.as_posix()}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+@functools.lru_cache(maxsize=None)
+def kit_files() -> dict[str, str]:
+    """sha256 of every file of the kit's three packages as installed (or in
+    the checkout it runs from): the suite, the harness and the reports."""
+    hashes = {}
+    for name in KIT_PACKAGES:
+        spec = importlib.util.find_spec(f"privateuse1_conformance.{name}")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            hashes.update(_hash_tree(Path(location), name))
+    return hashes
+
+
+BACKEND_SUFFIXES = (".py", ".so", ".pyd", ".dylib", ".dll", ".pyi")
+
+
+def backend_files(module_name: str) -> dict[str, str]:
+    """sha256 of the backend's Python files and binaries: every such file of
+    its top-level package (all the folders the package spans, e.g. an
+    editable install's sources and its built extension), by path from the
+    package (a single-file module: the file). Found without importing it,
+    so that `verify --backend` can compare them with what is installed."""
+    top = module_name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return {}
+    if spec is None:
+        return {}
+    if spec.submodule_search_locations:
+        hashes = {}
+        for location in spec.submodule_search_locations:
+            if Path(location).is_dir():
+                hashes.update(_hash_tree(Path(location), top, BACKEND_SUFFIXES))
+        return hashes
+    if spec.origin and Path(spec.origin).is_file():
+        return {Path(spec.origin).name: hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()}
+    return {}
+
+
+def differing_files(recorded: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """The paths whose hashes differ, or that only one side has (sorted)."""
+    return sorted(path for path in set(recorded) | set(installed) if recorded.get(path) != installed.get(path))
 
 
 # Tools whose version can change a verdict.
@@ -117,14 +184,20 @@ def _seeds(session: ConformanceSession) -> dict[str, str]:
     }
 
 
-def collect(session: ConformanceSession, started: float, duration: float) -> Provenance:
-    import torch
-
-    backend = session.backend
+def warnings_of(session: ConformanceSession) -> list[str]:
+    """The run's warnings so far (they may grow while it runs)."""
     warnings = list(session.warnings)
     if session.parent_initialized:
         warnings.append("the backend was initialized by importing it; tests ran in processes "
                         "forked from an initialized backend")
+    return warnings
+
+
+def collect(session: ConformanceSession, started: float, duration: float) -> Provenance:
+    import torch
+
+    backend = session.backend
+    warnings = warnings_of(session)
     return Provenance(
         kit_version=kit_version(),
         kit_commit=kit_commit(),
@@ -155,4 +228,6 @@ def collect(session: ConformanceSession, started: float, duration: float) -> Pro
         started=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
         duration_s=round(duration, 3),
         warnings=warnings,
+        kit_files=kit_files(),
+        backend_files=backend_files(backend.module_name),
     )

@@ -70,6 +70,11 @@ class Contract:
     def clause_ids(self) -> list[str]:
         return [f"{self.id}.{k}" for k in range(1, len(self.clauses) + 1)]
 
+    def checked_clauses(self) -> list[str]:
+        """The clauses a pass needs decided: every clause with a check (a
+        clause waived for checking has none)."""
+        return [c for c in self.clause_ids() if c not in self.waive_check]
+
 
 @dataclass
 class Registry:
@@ -79,6 +84,8 @@ class Registry:
     areas: dict[str, str]
     features: dict[str, Feature]
     contracts: dict[str, Contract] = field(default_factory=dict)
+    # Level -> optional features of which a backend must claim one to reach it.
+    level_requirements: dict[str, list[str]] = field(default_factory=dict)
 
     def active(self) -> list[Contract]:
         """Contracts that are not retired, in registry order."""
@@ -138,12 +145,21 @@ def load(path: str | Path) -> Registry:
         name: Feature(name, bool(spec.get("optional", False)), spec.get("description", ""))
         for name, spec in need(data, "features", "the registry").items()
     }
+    requirements = {}
+    for level, needed in data.get("level_requirements", {}).items():
+        if level not in LEVELS:
+            raise RegistryError(f"{path}: [level_requirements] names {level!r}, not one of {LEVELS}")
+        if not isinstance(needed, list) or not needed or not all(
+                isinstance(f, str) and f in features and features[f].optional for f in needed):
+            raise RegistryError(f"{path}: [level_requirements] {level} must list optional features of [features]")
+        requirements[level] = list(needed)
     registry = Registry(
         path=path,
         schema_version=int(need(data, "schema_version", "the registry")),
         levels=dict(levels),
         areas=dict(need(data, "areas", "the registry")),
         features=features,
+        level_requirements=requirements,
     )
     for index, entry in enumerate(need(data, "contract", "the registry")):
         where = f"contract #{index + 1}"

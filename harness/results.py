@@ -22,6 +22,7 @@ from privateuse1_conformance.reports.model import Verdict
 from privateuse1_conformance.reports.text import one_line
 
 from . import registry as registry_mod
+from . import shard as shard_mod
 from .operators import CELLS_PROPERTY, OUTCOMES_PROPERTY, operator_result
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def contract_info(contract: registry_mod.Contract) -> model.ContractInfo:
     """The result model's view of a registry contract."""
     return model.ContractInfo(id=contract.id, area=contract.area, level=contract.level,
                               statement=contract.statement, source=contract.source,
-                              features=list(contract.features))
+                              features=list(contract.features), clauses=contract.checked_clauses())
 
 
 class RunRecorder:
@@ -155,6 +156,9 @@ class RunRecorder:
                 nodeid=self.session.test_id(report.nodeid), contracts=contracts, verdict=verdict,
                 rerun=self.session.rerun_command(report.nodeid))
         test.duration += report.duration
+        for clause, found in props.get("clauses", {}).items():  # a decision wins over what a phase could not see
+            if test.clauses.get(clause) != model.DECIDED:
+                test.clauses[clause] = found
         # The phase that went worst (a teardown pass must not hide a setup or
         # call problem) gives the test its verdict and message.
         if verdict.severity > test.verdict.severity or not (test.message or test.details):
@@ -227,20 +231,37 @@ class RunRecorder:
 
     def provenance(self, started: float, duration: float) -> model.Provenance:
         # Collected once (it runs git and hashes files), then only timed again.
-        from .provenance import collect
+        from .provenance import collect, warnings_of
 
         if self._provenance is None:
             self._provenance = collect(self.session, started, duration)
-        return dataclasses.replace(self._provenance, duration_s=round(duration, 3))
+        return dataclasses.replace(self._provenance, duration_s=round(duration, 3),
+                                   warnings=warnings_of(self.session))
+
+    def selection(self) -> dict:
+        """provenance.selection: the tests the run selected (before a shard
+        split) and what, if anything, narrowed the selection."""
+        session = self.session
+        return {"tests": len(session.selected_ids), "sha256": model.selection_digest(session.selected_ids),
+                "operators": (session.config.getoption("operators") or "default").strip(),
+                "narrowed_by": list(session.narrowed_by)}
+
+    def missing(self) -> list[str]:
+        """Selected tests of this process's part of the run without a result
+        (a run stopped by -x, --maxfail or an interrupt)."""
+        session = self.session
+        expected = set(session.selected_ids)
+        if session.sharding is not None:
+            expected = shard_mod.part(session.selected_ids, session.sharding.shard)
+        return sorted(expected - {test.nodeid for test in self.tests.values()})
 
     def run(self, complete: bool, started: float, duration: float) -> model.Run:
         session = self.session
         self.results = self.build()
-        self.reached = model.level_reached(self.results, self.optional_features())
-        provenance = self.provenance(started, duration)
+        provenance = dataclasses.replace(self.provenance(started, duration), selection=self.selection())
         if session.sharding is not None:
             provenance = dataclasses.replace(provenance, shard=session.sharding.record(list(self._decided())))
-        return model.Run(
+        run = model.Run(
             provenance=provenance,
             contracts=self.results,
             optional_features=sorted(self.optional_features()),
@@ -253,12 +274,20 @@ class RunRecorder:
             if complete else [],
             stale_expectations=self.stale_expectations(),
             operators=list(self.operators.values()),
+            level_requirements={k: list(v) for k, v in session.registry.level_requirements.items()},
         )
+        self.reached = run.level_reached
+        return run
 
     def finish(self, exitstatus: int, started: float, duration: float) -> None:
         if self.is_worker:
             return
-        run = self.run(complete=exitstatus in (0, 1), started=started, duration=duration)
+        missing = self.missing()
+        if missing and exitstatus in (0, 1):
+            self.session.warnings.append(
+                f"the run is incomplete: {len(missing)} selected test(s) have no result (the run stopped early, "
+                f"e.g. -x or --maxfail), such as {missing[0]}")
+        run = self.run(complete=exitstatus in (0, 1) and not missing, started=started, duration=duration)
         if self.report_dir:
             from privateuse1_conformance.reports import writer
 
@@ -379,12 +408,18 @@ class RunRecorder:
                           f"verdicts and the level below are this shard's; the run's are those of the report "
                           f"`privateuse1-conformance merge` makes of the {shard.shard.count} shards' reports.",
                           yellow=True)
-        elif not_run:
-            terminal.line(f"Partial run: {len(not_run)} contract(s) were not selected; the level below "
-                          "counts them as not satisfied.", yellow=True)
+        if session.narrowed_by:
+            terminal.line(f"Narrowed run ({'; '.join(session.narrowed_by)}): the verdicts are the selected tests'; "
+                          "it certifies no level.", yellow=True)
+        elif not_run and session.sharding is None:
+            terminal.line(f"Partial run: {len(not_run)} contract(s) were not run; the level below counts them as "
+                          "not satisfied.", yellow=True)
+        optional = self.optional_features()
+        claimed_optional = model.claimed_optional_features(optional, session.unclaimed)
         terminal.line(
-            f"Level reached: {self.reached or 'none'}"
-            + (f" (claimed: {claimed})" if claimed else "")
+            f"Level reached: {self.reached or 'none'} · {len(claimed_optional)}/{len(optional)} optional features "
+            f"claimed ({', '.join(claimed_optional) or 'none'})"
+            + (f" (claimed level: {claimed})" if claimed else "")
             + f"; contracts checked up to: {session.level}"
         )
         for level in model.LEVELS[: model.LEVELS.index(session.level) + 1]:

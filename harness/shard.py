@@ -72,12 +72,14 @@ class Selector:
         self.test_id = test_id
         self.selected: int | None = None     # the whole run's test count, before the split
         self.digest: str | None = None       # selection_digest of the whole run's test IDs
+        self.ids: set[str] = set()           # the whole run's test IDs
         self.kept = 0
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         ids = {item.nodeid: self.test_id(item.nodeid) for item in items}
-        self.selected = len(set(ids.values()))
+        self.ids = set(ids.values())
+        self.selected = len(self.ids)
         self.digest = selection_digest(ids.values())
         mine = part(list(ids.values()), self.shard)
         kept = [item for item in items if ids[item.nodeid] in mine]

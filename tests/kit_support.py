@@ -55,3 +55,39 @@ def run_pytest(args: list[str], cwd: Path, env: dict | None = None, timeout: flo
 def run_suite(backend: str, cwd: Path, *args: str, env: dict | None = None, timeout: float = 900) -> SuiteRun:
     """Run the whole conformance suite against `backend`."""
     return run_pytest([f"--backend={backend}", "--pyargs", SUITE, *args], cwd, env, timeout)
+
+
+# For scratch suites: a passing scratch test decides every clause of its
+# contracts with this (a contract passes only with every clause decided:
+# harness/evidence.py), as the suite's own checks would.
+DECIDE_ALL = """
+from privateuse1_conformance.harness import registry as _registry
+from privateuse1_conformance.harness.evidence import decided as _decided
+
+def decide_all(*contracts):
+    registry = _registry.load(_registry.default_path())
+    for contract in contracts:
+        for clause in registry.get(contract).clause_ids():
+            _decided(clause)
+"""
+
+
+def _checkout_is_modified() -> bool:
+    import subprocess as sp
+    try:
+        out = sp.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                     text=True, timeout=60).stdout
+    except (OSError, sp.SubprocessError):
+        return False
+    return bool(out.strip())
+
+
+def verify_problems(stdout: str) -> list[str]:
+    """The problems `privateuse1-conformance verify` printed. A kit run from
+    a modified checkout is a problem verify must report, and is one in a
+    developer's tree with uncommitted changes: it is left out only there
+    (CI's clean clone keeps it)."""
+    problems = [line.strip()[2:] for line in stdout.splitlines() if line.startswith("  - ")]
+    if _checkout_is_modified():
+        problems = [p for p in problems if "modified checkout" not in p]
+    return problems

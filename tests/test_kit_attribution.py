@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit_support import run_pytest
+from kit_support import DECIDE_ALL, run_pytest
 
 SCRATCH = '''
 import ctypes, os, signal, threading, time
@@ -50,7 +50,7 @@ def test_only_inconclusive():
 
 @pytest.mark.contract("DM-XCHG-001")
 def test_passes():
-    pass
+    decide_all("DM-XCHG-001")
 
 @pytest.mark.contract("DM-XCHG-001")
 def test_inconclusive_beside_a_pass():
@@ -76,7 +76,7 @@ def test_check_of_an_undeclared_contract():
 @pytest.fixture(scope="module")
 def attribution_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("attribution")
-    (folder / "test_scratch.py").write_text(SCRATCH)
+    (folder / "test_scratch.py").write_text(SCRATCH + DECIDE_ALL)
     return run_pytest(["--backend=openreg", "--contract-timeout=2", "test_scratch.py"], folder)
 
 

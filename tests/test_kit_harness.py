@@ -4,12 +4,15 @@ are run in subprocesses against OpenReg so that the real plugin is used."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from kit_support import run_pytest
+from kit_support import DECIDE_ALL, run_pytest
 from privateuse1_conformance.harness import backend as backend_mod
 from privateuse1_conformance.harness import expectations as expectations_mod
 from privateuse1_conformance.harness import registry as registry_mod
@@ -39,7 +42,7 @@ def test_error():
 
 @pytest.mark.contract("DM-COUNT-001")
 def test_pass():
-    pass
+    decide_all("DM-COUNT-001")
 
 @pytest.mark.contract("DM-COUNT-002")
 def test_abort():
@@ -59,7 +62,7 @@ def test_expected_failure():
 
 @pytest.mark.contract("DM-SET-002")
 def test_stale_expectation():
-    pass
+    decide_all("DM-SET-002")
 
 @pytest.mark.contract("EV-REC-001")
 def test_feature_not_claimed():
@@ -88,7 +91,7 @@ reason = "crashes are never excused"
 @pytest.fixture(scope="module")
 def scratch_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("scratch")
-    (folder / "test_scratch.py").write_text(SCRATCH)
+    (folder / "test_scratch.py").write_text(SCRATCH + DECIDE_ALL)
     (folder / "expect.toml").write_text(EXPECTATIONS)
     (folder / "manifest.toml").write_text('[backend]\nunclaimed = ["events"]\n')
     return run_pytest(["--backend=openreg", "--contract-timeout=3", "--expectations=expect.toml",
@@ -301,3 +304,19 @@ def test_guard_contracts_with_more_devices_than_the_cases_loop_over(tmp_path):
     run = run_suite("openreg", tmp_path, f"--contract={','.join(guard)}", env={"OPENREG_DEVICE_COUNT": "6"})
     verdicts = {c: v for c, v in run.verdicts().items() if c in guard}
     assert set(verdicts.values()) == {"pass"}, {c: v for c, v in verdicts.items() if v != "pass"}
+
+
+def test_a_skip_that_is_not_an_allowed_environment_limit_fails_the_project_tests(tmp_path):
+    """make test must not pass while a proof skipped (a missing fixture build,
+    say): tests/skip_gate.py turns such a skip into a failed run."""
+    (tmp_path / "test_skips.py").write_text(
+        "import pytest\n"
+        "def test_proof():\n    pytest.skip('fixture backends are not built (make build)')\n"
+        "def test_environment():\n    pytest.skip('actionlint is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "skip_gate", "-p", "no:cacheprovider", "-rs",
+                           "test_skips.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "skips that prove nothing" in proc.stdout
+    assert "test_proof: fixture backends are not built" in proc.stdout
+    assert "test_environment" not in proc.stdout.split("skips that prove nothing")[1]

@@ -88,6 +88,51 @@ def test_each_contract_gets_its_own_checks_outcome():
     assert outcomes["OP-INFO-004"][0] == "inconclusive"   # skipped: no evidence
 
 
+def test_a_missing_kernel_after_recorded_outcomes_keeps_them_and_fails():
+    """Under the derived claim a dispatcher-worded NotImplementedError makes
+    a dtype not-claimed only when nothing of it ran yet; after a recorded
+    pass or fail it is a failure of the check it happened in, and what was
+    recorded stays (a kernel wrong on some inputs that refuses others must
+    not turn OP-INFO-001 from fail to pass)."""
+    from privateuse1_conformance.conformance import _opinfo, test_opinfo
+
+    check = _opinfo.OperatorCheck.__new__(_opinfo.OperatorCheck)
+    check.report = _opinfo.OperatorReport("x")
+    missing = _opinfo.NotClaimed("the backend has no kernel (and no fallback) for aten::x")
+    check._not_claimed("float64", "forward", missing)
+    assert check.report.cells["float64"]["forward"].verdict == "not-claimed"
+    check.report.outcome("float32", "forward").record("fail", "wrong on large inputs")
+    check._running = ("float32", "noncontiguous")
+    check.report.outcome("float32", "noncontiguous")
+    check._not_claimed("float32", "forward", missing)
+    cell = check.report.cells["float32"]
+    assert cell["forward"].verdict == "fail" and cell["forward"].message == "wrong on large inputs"
+    assert cell["noncontiguous"].verdict == "fail" and "after the device had run others" in cell["noncontiguous"].message
+    assert test_opinfo.per_contract(check.report)["OP-INFO-001"][0] == "fail"
+
+
+def test_an_operator_of_the_default_set_must_be_claimed():
+    from privateuse1_conformance.conformance import _opinfo, test_opinfo
+
+    claims = operators_mod.Claims()
+    ran = _opinfo.OperatorReport("cumsum")
+    ran.outcome("float32", "forward").record("pass")
+    ran.outcome("int8", "forward").record("not-claimed", "no kernel for aten::cumsum")
+    assert test_opinfo.default_set_claimed(ran, {}, claims) is None
+    refused = _opinfo.OperatorReport("cumsum")
+    refused.outcome("float32", "forward").record("not-claimed", "no kernel for aten::cumsum")
+    assert "no kernel for aten::cumsum" in test_opinfo.default_set_claimed(refused, {}, claims)
+    excluded = test_opinfo.default_set_claimed(_opinfo.OperatorReport("cumsum"), {"float32": "not ours"}, claims)
+    assert excluded == "not ours"
+    assert test_opinfo.default_set_claimed(_opinfo.OperatorReport("nn.functional.batch_norm.without_cudnn"), {},
+                                           claims) is None  # (no dtype on the CPU: a CUDA-only variant)
+    float_only = operators_mod.Claims(dtypes=("float32",))
+    reason = "int8 is not among the manifest's [operators] dtypes"
+    assert test_opinfo.default_set_claimed(_opinfo.OperatorReport("bitwise_and"), {"int8": reason}, float_only) is None
+    assert operators_mod.in_default_set("cumsum", "cumsum") and not operators_mod.in_default_set("sparse.mm",
+                                                                                                 "sparse.mm")
+
+
 @pytest.fixture(scope="module")
 def mutated_run(tmp_path_factory):
     """OpenReg with int32 mul wrong, on three operators."""

@@ -106,3 +106,35 @@ def test_cli_version_help_and_unknown_area(capsys):
     assert "unknown area 'no-such-area'" in capsys.readouterr().err
     assert cli.main(["contracts", "--area", "bad-input"]) == 0
     assert "ER-MSG-001" in capsys.readouterr().out
+
+
+def test_level_requirements_name_optional_features(tmp_path):
+    """full needs at least one of AMP and torch.compile claimed; a
+    requirement naming a mandatory or unknown feature is refused."""
+    registry = registry_mod.load(registry_mod.default_path())
+    assert registry.level_requirements == {"full": ["amp", "compile"]}
+    text = registry_mod.default_path().read_text()
+    for bad in ('full = ["fork"]', 'full = ["no-such-feature"]', 'huge = ["amp"]'):
+        broken = tmp_path / "contracts.toml"
+        broken.write_text(text.replace('full = ["amp", "compile"]', bad, 1))
+        with pytest.raises(registry_mod.RegistryError, match="level_requirements"):
+            registry_mod.load(broken)
+
+
+def test_the_suite_index_that_verify_requires_names_every_test_function():
+    """verify requires every test function of the level from the kit's own
+    sources (harness/coverage.py suite_tests): each is found with the
+    contracts its decorators name."""
+    from privateuse1_conformance.harness import coverage
+
+    registry = registry_mod.load(registry_mod.default_path())
+    tests = coverage.suite_tests(registry_mod.default_path().parent)
+    assert tests["test_streams.py::test_synchronize_waits_for_the_work"] == ["ST-SYNC-001"]
+    assert tests["test_opinfo.py::test_operator"] == ["OP-INFO-001", "OP-INFO-002", "OP-INFO-003", "OP-INFO-004"]
+    assert tests["test_cxx_contracts.py::test_cxx"] == []   # (its contracts come from its parameters: core)
+    unknown = {t: ids for t, ids in tests.items() if any(c not in registry.contracts for c in ids)}
+    assert not unknown, unknown
+    facts = cli.kit_facts(registry)
+    assert facts.tests["test_cxx_contracts.py::test_cxx"] == "core"
+    assert facts.tests["test_opinfo.py::test_operator"] == "standard"
+    assert len(facts.tests) == len(tests)
