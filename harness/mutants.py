@@ -3,26 +3,37 @@ variants of a backend ("mutants") and require each to be rejected.
 
 The mutant registry (conformance/mutants.toml) names the backend, the
 environment variable that selects a mutant in it, and every mutant with the
-contract IDs it violates. For each mutant:
+contract IDs and the clauses it violates. For each mutant:
 
-1. the tests of its contracts run with the mutant selected; if one of them
-   gives fail, error, crash or hang, the mutant is **killed** (on target);
+1. the tests of its contracts run with the mutant selected; if a check of
+   one of its clauses (a test that decides the clause, or whose failure
+   names it) gives fail, error, crash or hang, the mutant is **killed**;
+   a failure of its contracts elsewhere is **killed off-clause**;
 2. otherwise the whole suite runs: a failure elsewhere makes it **killed
    off-target** (the suite noticed, but not where it should have), no failure
-   leaves it **survived**. Neither counts towards the score.
+   leaves it **survived**. Only "killed" counts towards the score.
+
+Each mutant runs in two configurations (CONFIGURATIONS): with the backend's
+manifest as it is, and with its instrumentation module removed, which no
+level needs: a check that can fail only with the instrumentation shows up
+there. A mutant that only the instrumentation can kill says why in the
+registry (needs_instrumentation).
 
 Before any mutant, the same tests run once without a mutant and must all
 pass: a check that already fails would otherwise "kill" every mutant.
 The score is killed / total.
 
-docs/mutation-testing.md's table of mutants is generated from the registry
-and a recorded kill matrix (render_table / splice; the CLI's --markdown).
+The recorded kill matrix (docs/mutation-kill-matrix.json) names the tree it
+was measured on (tree_digest); docs/mutation-testing.md's table of mutants is
+generated from the registry and that matrix (render_table / splice).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +49,10 @@ from . import registry as registry_mod
 PLUGIN = "privateuse1_conformance"
 SUITE = "privateuse1_conformance.conformance"
 KILLING_VERDICTS = {"fail", "error", "crash", "hang"}
+# The configurations of a mutation run: the backend's manifest as it is, and
+# without its instrumentation module (block_stream, counters).
+INSTRUMENTED, UNINSTRUMENTED = "instrumented", "uninstrumented"
+CONFIGURATIONS = (INSTRUMENTED, UNINSTRUMENTED)
 
 
 class MutantRegistryError(ValueError):
@@ -52,6 +67,7 @@ class Mutant:
     clauses: tuple[str, ...] = ()   # the clauses of those contracts it breaks
     ordering: bool = False          # its bug shows only while work is in flight (run repeatedly by the kit's tests)
     operators: str = ""             # --operators for its run (a mutant of one operator need not run the area's subset)
+    needs_instrumentation: str = ""  # why only the instrumentation can kill it ("" : both configurations must)
 
 
 @dataclass
@@ -99,14 +115,18 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
             if contract_id not in ids or contract is None or not number.isdigit() \
                     or not 1 <= int(number) <= len(contract.clauses):
                 raise MutantRegistryError(f"{where}: clause {clause!r} is not a clause of its contracts {list(ids)}")
-        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering", "operators"}
+        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering", "operators",
+                                     "needs_instrumentation"}
         if unknown_keys:
             raise MutantRegistryError(f"{where}: unknown keys {sorted(unknown_keys)}")
         operators = entry.get("operators", "")
         if not isinstance(operators, str):
             raise MutantRegistryError(f"{where}: operators must be an --operators value (a string)")
+        needs = entry.get("needs_instrumentation", "")
+        if not isinstance(needs, str):
+            raise MutantRegistryError(f"{where}: needs_instrumentation must be the reason (a string)")
         mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"], clauses, bool(entry.get("ordering", False)),
-                                    operators)
+                                    operators, needs)
     return MutantRegistry(path, backend, selector, mutants)
 
 
@@ -114,21 +134,40 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
 class Outcome:
     mutant: str
     contracts: list[str]
-    status: str                 # killed | killed-off-target | survived | error
+    status: str                 # killed | killed-off-clause | killed-off-target | survived | error
     killing_tests: list[str] = field(default_factory=list)
     killing_contracts: list[str] = field(default_factory=list)
+    killing_checks: list[str] = field(default_factory=list)   # the checks of its clauses that failed (when killed)
     verdicts: dict[str, str] = field(default_factory=dict)  # contract -> verdict
     seconds: float = 0.0
     note: str = ""
 
 
+def manifest_without_instrumentation(backend: str, folder: Path) -> Path:
+    """A copy of the backend profile's manifest in `folder` without its
+    instrumentation module (the second configuration). Paths in it are
+    taken as they are: a manifest naming files relative to itself needs
+    them beside the copy."""
+    from . import backend as backend_mod
+
+    profile = backend_mod.find_profile(backend) or {}
+    if not profile.get("manifest"):
+        raise MutantRegistryError(f"the backend profile {backend!r} names no manifest to remove instrumentation from")
+    text = Path(profile["manifest"]).read_text(encoding="utf-8")
+    copy = folder / "manifest-uninstrumented.toml"
+    copy.write_text(re.sub(r"(?m)^\s*instrumentation\s*=.*$", "", text), encoding="utf-8")
+    return copy
+
+
 def _run_suite(backend: str, env: dict[str, str], contracts: list[str] | None,
-               timeout: float, operators: str = "") -> tuple[dict | None, str]:
+               timeout: float, operators: str = "", manifest: Path | None = None) -> tuple[dict | None, str]:
     """Run the suite in a fresh process; return (report, output tail)."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         args = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q",
                 "--pyargs", SUITE, f"--backend={backend}", f"--report-dir={tmp}/report",
                 f"--contract-timeout={timeout}"]
+        if manifest is not None:
+            args.append(f"--manifest={manifest}")
         if contracts:
             args.append("--contract=" + ",".join(contracts))
         if operators:
@@ -150,33 +189,81 @@ def _failures(report: dict) -> tuple[list[str], dict[str, str]]:
     return sorted(set(tests)), contracts
 
 
-def check_baseline(registry: MutantRegistry, timeout: float) -> list[str]:
+def check_name(nodeid: str) -> str:
+    """The check a report's test is: 'file::function', or 'C++ Suite.Case'
+    for a case of the C++ probe (its parameters are the case)."""
+    head, _, param = nodeid.partition("[")
+    if head.endswith("::test_cxx") and param:
+        return f"C++ {param.rstrip(']')}"
+    return head.rpartition("/")[2]
+
+
+def deciding_checks(clauses: tuple[str, ...]) -> set[str]:
+    """The checks (check_name form) that decide `clauses`, from the suite's sources."""
+    from . import coverage
+
+    suite = Path(coverage.__file__).resolve().parents[1] / "conformance"
+    found = coverage.checks_by_clause(suite)
+    names = set()
+    for clause in clauses:
+        for owner in found.get(clause, []):
+            file, _, name = owner.partition("::")
+            names.add(f"C++ {name}" if file.endswith(".cpp") else owner)
+    return names
+
+
+def _clause_kills(report: dict, mutant: Mutant, deciding: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """(tests, contracts, checks) of the failures that kill `mutant` on its
+    clauses: a failing test of its contracts that decides one of its clauses,
+    or whose failure names one (a mutant naming no clause: any failure of its
+    contracts)."""
+    tests, contracts, checks = set(), set(), set()
+    for contract in report["contracts"]:
+        if contract["id"] not in mutant.contracts:
+            continue
+        for test in contract["tests"]:
+            if test["verdict"] not in KILLING_VERDICTS:
+                continue
+            name = check_name(test["nodeid"])
+            if not mutant.clauses or test.get("clause") in mutant.clauses or name in deciding:
+                tests.add(test["nodeid"])
+                contracts.add(contract["id"])
+                checks.add(name)
+    return sorted(tests), sorted(contracts), sorted(checks)
+
+
+def check_baseline(registry: MutantRegistry, timeout: float, manifest: Path | None = None) -> list[str]:
     """Problems with the unmutated backend on the mutants' contracts."""
     contracts = sorted({c for m in registry.mutants.values() for c in m.contracts})
     # The operators the mutants' runs check (each mutant of the operators area names its own).
     operators = ",".join(sorted({m.operators for m in registry.mutants.values() if m.operators}))
-    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout, operators)
+    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout, operators, manifest)
     if report is None:
         return [f"the baseline run wrote no report:\n{tail}"]
     _, failing = _failures(report)
     return [f"{c} already fails without a mutant ({v})" for c, v in sorted(failing.items())]
 
 
-def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float) -> Outcome:
+def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float, manifest: Path | None = None) -> Outcome:
     start = time.monotonic()
     env = {registry.selector_env: mutant.id}
     outcome = Outcome(mutant.id, list(mutant.contracts), "error")
-    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout, mutant.operators)
+    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout, mutant.operators, manifest)
     if report is None:
         outcome.note = f"the run wrote no report:\n{tail}"
     else:
         tests, failing = _failures(report)
         outcome.verdicts = {c["id"]: c["verdict"] for c in report["contracts"] if c["id"] in mutant.contracts}
         on_target = sorted(set(failing) & set(mutant.contracts))
-        if on_target:
-            outcome.status, outcome.killing_tests, outcome.killing_contracts = "killed", tests, on_target
+        killing = _clause_kills(report, mutant, deciding_checks(mutant.clauses))
+        if killing[0]:
+            outcome.status = "killed"
+            outcome.killing_tests, outcome.killing_contracts, outcome.killing_checks = killing
+        elif on_target:
+            outcome.status, outcome.killing_tests, outcome.killing_contracts = "killed-off-clause", tests, on_target
+            outcome.note = "its contracts failed, but no check of its clauses " + ", ".join(mutant.clauses)
         else:
-            full, tail = _run_suite(registry.backend, env, None, timeout)
+            full, tail = _run_suite(registry.backend, env, None, timeout, manifest=manifest)
             if full is None:
                 outcome.note = f"the whole-suite run wrote no report:\n{tail}"
             else:
@@ -187,22 +274,23 @@ def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float) -> Outc
     return outcome
 
 
-def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout: float,
-            progress=print) -> dict:
+def run_configuration(registry: MutantRegistry, selected: list[Mutant], jobs: int, timeout: float,
+                      configuration: str, progress=print) -> dict:
+    """The kill matrix of one configuration (CONFIGURATIONS)."""
     start = time.monotonic()
-    selected = [registry.mutants[m] for m in only] if only else list(registry.mutants.values())
-    problems = check_baseline(registry, timeout)
-    if problems:
-        return {"baseline_problems": problems, "outcomes": [], "score": None}
-    outcomes: list[Outcome] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for outcome in pool.map(lambda m: run_mutant(registry, m, timeout), selected):
-            outcomes.append(outcome)
-            progress(f"{outcome.status:<18} {outcome.mutant:<40} {outcome.seconds:>6.1f} s")
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        manifest = (manifest_without_instrumentation(registry.backend, Path(tmp))
+                    if configuration == UNINSTRUMENTED else None)
+        problems = check_baseline(registry, timeout, manifest)
+        if problems:
+            return {"baseline_problems": problems, "outcomes": [], "score": None, "total": 0, "killed": 0}
+        outcomes: list[Outcome] = []
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for outcome in pool.map(lambda m: run_mutant(registry, m, timeout, manifest), selected):
+                outcomes.append(outcome)
+                progress(f"{configuration:<15} {outcome.status:<18} {outcome.mutant:<40} {outcome.seconds:>6.1f} s")
     killed = sum(o.status == "killed" for o in outcomes)
     return {
-        "backend": registry.backend,
-        "registry": registry.path.name,
         "total": len(outcomes),
         "killed": killed,
         "score": round(killed / len(outcomes), 4) if outcomes else None,
@@ -213,19 +301,121 @@ def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout
     }
 
 
+def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout: float,
+            progress=print, configurations: tuple[str, ...] = CONFIGURATIONS, tree: dict | None = None) -> dict:
+    """The kill matrix: every selected mutant in each configuration, and the
+    tree it was measured on (tree_digest, given by the caller)."""
+    selected = [registry.mutants[m] for m in only] if only else list(registry.mutants.values())
+    return {
+        "backend": registry.backend,
+        "registry": registry.path.name,
+        "tree": tree or {},
+        "configurations": {c: run_configuration(registry, selected, jobs, timeout, c, progress)
+                           for c in configurations},
+    }
+
+
+def expected_status(mutant: Mutant, configuration: str) -> str:
+    """What the matrix must record for `mutant`: killed, except without
+    instrumentation for a mutant that only the instrumentation can kill."""
+    return "survived" if configuration == UNINSTRUMENTED and mutant.needs_instrumentation else "killed"
+
+
+def matrix_problems(registry: MutantRegistry, result: dict) -> list[str]:
+    """Where a kill matrix falls short: a baseline that failed, a mutant
+    missing or not killed on its clauses (in a configuration that must kill
+    it), or one marked needs_instrumentation that the uninstrumented
+    configuration killed after all (the mark is stale)."""
+    problems = []
+    for configuration, matrix in result.get("configurations", {}).items():
+        problems += [f"{configuration}: baseline: {p}" for p in matrix.get("baseline_problems", [])]
+        outcomes = {o["mutant"]: o for o in matrix.get("outcomes", [])}
+        for mutant in registry.mutants.values():
+            outcome = outcomes.get(mutant.id)
+            if outcome is None:
+                problems.append(f"{configuration}: {mutant.id} was not run")
+                continue
+            expected = expected_status(mutant, configuration)
+            if expected == "killed" and outcome["status"] != "killed":
+                problems.append(f"{configuration}: {mutant.id} is {outcome['status']}, not killed on its clauses "
+                                f"{', '.join(mutant.clauses) or '(its contracts)'}")
+            elif expected != "killed" and outcome["status"] == "killed":
+                problems.append(f"{configuration}: {mutant.id} is killed without the instrumentation: its "
+                                "needs_instrumentation mark is stale")
+    return problems
+
+
+# ------------------------------------------------------------------ the tree
+
+# What a kill matrix proves depends on these folders: the suite and its
+# registries, the harness that gives verdicts, and the backend with its mutants.
+TREE_FOLDERS = ("conformance", "harness", "reference_backend")
+
+
+def tree_files(root: Path, folders: tuple[str, ...] = TREE_FOLDERS) -> list[Path]:
+    """The files of `folders` under `root`: those git tracks when `root` is
+    a checkout (untracked files are not part of the tree), else every file
+    but caches and build output."""
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *folders], capture_output=True,
+                                timeout=60, check=True).stdout.decode("utf-8", "surrogateescape")
+        files = [root / name for name in listed.split("\0") if name]
+    except (OSError, subprocess.SubprocessError):
+        files = [path for folder in folders for path in (root / folder).rglob("*")
+                 if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"]
+    return sorted(path for path in files if path.is_file())
+
+
+def tree_digest(root: Path, folders: tuple[str, ...] = TREE_FOLDERS) -> str:
+    """sha256 over the tree's files: each file's path and content hash."""
+    digest = hashlib.sha256()
+    for path in tree_files(root, folders):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
+                      .encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def check_digests(root: Path, checks: list[str]) -> dict[str, str]:
+    """A sha256 of each check's source (check_name form): a Python test
+    function's own source, or a C++ case's file, so that a matrix can tell
+    which checks changed since it was recorded."""
+    import ast
+
+    suite = root / "conformance"
+    sources: dict[str, str] = {}
+    for check in sorted(set(checks)):
+        if check.startswith("C++ "):
+            texts = [p.read_text(encoding="utf-8") for p in sorted((suite / "cxx").glob("contracts_*.cpp"))
+                     if check[4:].replace(".", ", ") in p.read_text(encoding="utf-8")]
+            sources[check] = hashlib.sha256("".join(texts).encode()).hexdigest()
+            continue
+        file, _, function = check.partition("::")
+        path = suite / file
+        if not path.is_file():
+            continue
+        source = path.read_text(encoding="utf-8")
+        node = next((n for n in ast.parse(source).body if getattr(n, "name", None) == function), None)
+        text = ast.get_source_segment(source, node) if node is not None else ""
+        sources[check] = hashlib.sha256((text or "").encode()).hexdigest()
+    return sources
+
+
 def format_matrix(result: dict) -> str:
-    """The kill matrix: mutant -> status, contracts that failed, tests that failed."""
-    if result.get("baseline_problems"):
-        return "baseline run failed, no mutant was run:\n  " + "\n  ".join(result["baseline_problems"])
-    lines = [f"{'mutant':<40} {'violates':<28} {'status':<18} killed by"]
-    for o in result["outcomes"]:
-        by = ", ".join(o["killing_contracts"]) or "-"
-        tests = "; ".join(t.split("::", 1)[-1] for t in o["killing_tests"][:3])
-        more = f" (+{len(o['killing_tests']) - 3})" if len(o["killing_tests"]) > 3 else ""
-        lines.append(f"{o['mutant']:<40} {','.join(o['contracts']):<28} {o['status']:<18} {by}"
-                     + (f" [{tests}{more}]" if tests else ""))
-    lines.append(f"score: {result['killed']}/{result['total']} killed on target"
-                 + (f" ({result['score']:.0%})" if result["score"] is not None else ""))
+    """The kill matrix, per configuration: mutant -> status, the checks that killed it."""
+    lines = []
+    for configuration, matrix in result.get("configurations", {}).items():
+        lines.append(f"== {configuration}")
+        if matrix.get("baseline_problems"):
+            lines.append("baseline run failed, no mutant was run:\n  " + "\n  ".join(matrix["baseline_problems"]))
+            continue
+        lines.append(f"{'mutant':<40} {'violates':<28} {'status':<18} killed by")
+        for o in matrix["outcomes"]:
+            checks = o.get("killing_checks") or [t.split("::", 1)[-1] for t in o["killing_tests"]]
+            more = f" (+{len(checks) - 3})" if len(checks) > 3 else ""
+            lines.append(f"{o['mutant']:<40} {','.join(o['contracts']):<28} {o['status']:<18} "
+                         + ("; ".join(checks[:3]) + more if checks else "-"))
+        lines.append(f"score: {matrix['killed']}/{matrix['total']} killed on their clauses"
+                     + (f" ({matrix['score']:.0%})" if matrix["score"] is not None else ""))
     return "\n".join(lines)
 
 
@@ -238,21 +428,21 @@ TABLE_END = "<!-- mutants:end -->"
 
 
 def _checks(outcome: dict) -> str:
-    """The tests that killed a mutant, parametrized cases folded together
-    (C++ cases are named one by one: each is its own GoogleTest case)."""
-    groups: dict[str, list[str]] = {}
+    """The checks of its clauses that killed a mutant, with how many of
+    their parametrized cases did."""
+    cases: dict[str, int] = {}
     for nodeid in outcome.get("killing_tests", []):
-        head, _, case = nodeid.partition("[")  # parameters may contain '::'
-        path, _, function = head.rpartition("::")
-        if function == "test_cxx" and case:
-            groups.setdefault(f"C++ {case.rstrip(']')}", [])
-            continue
-        groups.setdefault(f"{path.rpartition('/')[2]}::{function}", []).append(case)
-    parts = []
-    for name, cases in groups.items():
-        cases = [c for c in cases if c]
-        parts.append(f"`{name}`" + (f" ({len(cases)} case{'s' if len(cases) > 1 else ''})" if cases else ""))
-    return "<br>".join(parts) or "-"
+        name = check_name(nodeid)
+        if name in outcome.get("killing_checks", [name]):
+            cases[name] = cases.get(name, 0) + (1 if "[" in nodeid and not name.startswith("C++") else 0)
+    return "<br>".join(f"`{name}`" + (f" ({n} case{'s' if n > 1 else ''})" if n else "")
+                       for name, n in cases.items()) or "-"
+
+
+def _caught(outcome: dict | None) -> str:
+    if outcome is None:
+        return "**not run**"
+    return _checks(outcome) if outcome["status"] == "killed" else f"**{outcome['status']}**"
 
 
 def _cell(text: str) -> str:
@@ -263,14 +453,26 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
     """The generated block of docs/mutation-testing.md: every mutant of the
     registry (in registry order), its area and contracts, and the checks of
     the recorded kill matrix `result` that killed it."""
-    outcomes = {o["mutant"]: o for o in result.get("outcomes", [])}
-    killed = sum(outcomes.get(m, {}).get("status") == "killed" for m in registry.mutants)
+    configurations = result.get("configurations", {})
+    outcomes = {c: {o["mutant"]: o for o in configurations.get(c, {}).get("outcomes", [])} for c in CONFIGURATIONS}
     lines = [TABLE_BEGIN, ""]
-    run = f"{result.get('seconds')} s with `--jobs {result.get('jobs')}`" if result.get("seconds") else "time not recorded"
-    lines.append(f"Recorded run: **{killed}/{len(registry.mutants)} mutants killed on target** ({run}).")
-    lines += ["", "| mutant | area | breaks | the fault | killed by |", "|---|---|---|---|---|"]
+    tree = result.get("tree") or {}
+    lines.append(f"Recorded on the tree {tree.get('sha256', '(unrecorded)')[:12]} (commit "
+                 f"{tree.get('commit') or 'unrecorded'}) of conformance/, harness/ and reference_backend/:")
+    lines.append("")
+    for configuration in CONFIGURATIONS:
+        matrix = configurations.get(configuration, {})
+        killed = sum(outcomes[configuration].get(m, {}).get("status") == "killed" for m in registry.mutants)
+        owed = sum(expected_status(m, configuration) == "killed" for m in registry.mutants.values())
+        run = (f"{matrix.get('seconds')} s with `--jobs {matrix.get('jobs')}`" if matrix.get("seconds")
+               else "time not recorded")
+        lines.append(f"- {configuration}: **{killed}/{len(registry.mutants)} mutants killed on their clauses** "
+                     f"({owed} must be; {run}).")
+    lines += ["", "| mutant | area | breaks | the fault | killed by (instrumented) | without instrumentation |",
+              "|---|---|---|---|---|---|"]
     for mutant in registry.mutants.values():
-        outcome = outcomes.get(mutant.id)
+        outcome = outcomes[INSTRUMENTED].get(mutant.id)
+        bare = outcomes[UNINSTRUMENTED].get(mutant.id)
         area = contracts.contracts[mutant.contracts[0]].area
         # The clauses it breaks; a contract none of whose clauses is named, by its ID.
         named = {clause.split(".")[0] for clause in mutant.clauses}
@@ -278,13 +480,12 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
                              + [f"`{c}`" for c in mutant.contracts if c not in named])
         if mutant.ordering:
             violates += " (ordering)"
-        if outcome is None:
-            caught = "**not run**"
-        elif outcome["status"] != "killed":
-            caught = f"**{outcome['status']}**"
+        if mutant.needs_instrumentation and (bare or {}).get("status") != "killed":
+            without = f"needs the instrumentation: {_cell(mutant.needs_instrumentation)}"
         else:
-            caught = _checks(outcome)
-        lines.append(f"| `{mutant.id}` | {area} | {violates} | {_cell(mutant.description)} | {caught} |")
+            without = "killed" if (bare or {}).get("status") == "killed" else _caught(bare)
+        lines.append(f"| `{mutant.id}` | {area} | {violates} | {_cell(mutant.description)} | {_caught(outcome)} | "
+                     f"{without} |")
     lines += ["", TABLE_END]
     return "\n".join(lines) + "\n"
 

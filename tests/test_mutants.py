@@ -1,19 +1,25 @@
 """Mutation testing of the suite (docs/mutation-testing.md): the mutant
 registry is consistent with the contracts and with the injections in the
 reference backend, selecting a mutant is safe, the docs' table is generated
-from the registry, and every mutant is killed on target by the real runner.
+from the registry, and every mutant is killed on its clauses by the real
+runner, with OpenReg's instrumentation and without it.
 
-`make test` runs a sample through the real runner: for each contract area,
-the mutant that was quickest to kill in the recorded kill matrix, and the
-quickest ordering mutant 20 times on a busy machine. The whole set and every
-ordering mutant 20 times (marker `mutation`, about an hour on a 2-core
-machine: more than CI's budget beside the rest) run with `make mutants`;
-the recorded matrix (docs/mutation-kill-matrix.json) must list every mutant
-as killed, which `make test` checks.
+The recorded kill matrix (docs/mutation-kill-matrix.json, written by `make
+mutants`) must list every mutant as killed where it must be, and must have
+been measured on this very tree: a change to conformance/, harness/ or
+reference_backend/ makes it stale until it is recorded again.
+
+`make test` re-proves a sample through the real runner: for each contract
+area one mutant and one configuration chosen by the commit (so that over
+many commits every mutant is re-proved in both), every mutant whose killing
+checks changed since the matrix was recorded, and the quickest ordering
+mutant 20 times on a busy machine. Every ordering mutant 20 times (marker
+`mutation`) runs with `make mutants`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -159,15 +165,53 @@ def test_a_known_mutant_is_selected_in_both_layers():
 # ----------------------------------------------------------------- docs
 
 
+def _matrix() -> dict:
+    return json.loads(RECORDED_MATRIX.read_text())
+
+
+def test_the_kill_matrix_was_measured_on_this_tree():
+    """A proof bound to the code it was measured on: the matrix records the
+    digest of conformance/, harness/ and reference_backend/, which must be
+    this tree's."""
+    tree = _matrix().get("tree") or {}
+    now = mutants_mod.tree_digest(REPO)
+    assert tree.get("sha256") == now, (
+        f"docs/mutation-kill-matrix.json was measured on another tree (recorded {tree.get('sha256')}, commit "
+        f"{tree.get('commit')}; this tree {now}): the suite, the harness or OpenReg changed since. Record it again "
+        "with `make mutants`")
+
+
+def test_a_stale_tree_is_seen(tmp_path):
+    """The digest changes with any file of the folders it covers."""
+    for folder in mutants_mod.TREE_FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text("x = 1\n")
+    before = mutants_mod.tree_digest(tmp_path)
+    (tmp_path / "harness" / "a.py").write_text("x = 2\n")
+    assert mutants_mod.tree_digest(tmp_path) != before
+    (tmp_path / "harness" / "a.py").write_text("x = 1\n")
+    assert mutants_mod.tree_digest(tmp_path) == before
+
+
+def test_the_recorded_matrix_kills_every_mutant_where_it_must(registry):
+    matrix = _matrix()
+    assert set(matrix["configurations"]) == set(mutants_mod.CONFIGURATIONS)
+    for configuration, result in matrix["configurations"].items():
+        outcomes = {o["mutant"]: o for o in result["outcomes"]}
+        stale = sorted(m.id for m in registry.mutants.values()
+                       if m.id not in outcomes or outcomes[m.id]["contracts"] != list(m.contracts))
+        assert not stale, (f"{RECORDED_MATRIX.name} has no (or an outdated) {configuration} outcome for {stale}: "
+                           "record it again with `make mutants`")
+    problems = mutants_mod.matrix_problems(registry, matrix)
+    assert not problems, "the recorded kill matrix:\n  " + "\n  ".join(problems)
+    for result in matrix["configurations"].values():
+        for outcome in result["outcomes"]:
+            if outcome["status"] == "killed":
+                assert outcome["killing_checks"], f"{outcome['mutant']}: killed, but by which check?"
+
+
 def test_docs_table_is_generated_from_the_registry(registry, contracts):
-    matrix = json.loads(RECORDED_MATRIX.read_text())
-    outcomes = {o["mutant"]: o for o in matrix["outcomes"]}
-    stale = sorted(m.id for m in registry.mutants.values()
-                   if m.id not in outcomes or outcomes[m.id]["contracts"] != list(m.contracts))
-    assert not stale, (f"{RECORDED_MATRIX.name} has no (or an outdated) outcome for {stale}: rerun "
-                       f"`python -m openreg.mutants --jobs 2 --output {RECORDED_MATRIX.relative_to(REPO)}`")
-    not_killed = sorted(m for m in registry.mutants if outcomes[m]["status"] != "killed")
-    assert not not_killed, f"the recorded kill matrix has mutants not killed on target: {not_killed}"
+    matrix = _matrix()
     page = DOCS_PAGE.read_text()
     assert mutants_mod.generated_block(page) == mutants_mod.render_table(registry, contracts, matrix), (
         "the table of docs/mutation-testing.md is stale: regenerate it with `python -m openreg.mutants "
@@ -186,7 +230,7 @@ def test_markdown_command_prints_the_table(registry, contracts):
 
 def test_splice_replaces_only_the_generated_block(registry, contracts):
     page = f"# Title\n\nprose\n\n{mutants_mod.TABLE_BEGIN}\nold\n{mutants_mod.TABLE_END}\n\nafter\n"
-    table = mutants_mod.render_table(registry, contracts, {"outcomes": []})
+    table = mutants_mod.render_table(registry, contracts, {"configurations": {}})
     spliced = mutants_mod.splice(page, table)
     assert spliced.startswith("# Title\n\nprose\n\n") and spliced.endswith("\nafter\n")
     assert mutants_mod.generated_block(spliced) == table
@@ -199,45 +243,85 @@ def test_splice_replaces_only_the_generated_block(registry, contracts):
 
 
 def _recorded_seconds() -> dict[str, float]:
-    return {o["mutant"]: o["seconds"] for o in json.loads(RECORDED_MATRIX.read_text())["outcomes"]}
+    return {o["mutant"]: o["seconds"] for o in _matrix()["configurations"][mutants_mod.INSTRUMENTED]["outcomes"]}
 
 
-def _sample(registry, contracts) -> list[str]:
-    """For each contract area, the mutant quickest to kill in the recorded
-    matrix (ties by ID): every area's checks are exercised against a real
-    mutant in every `make test`."""
-    seconds = _recorded_seconds()
-    quickest: dict[str, str] = {}
-    for mutant in sorted(registry.mutants.values(), key=lambda m: (seconds.get(m.id, float("inf")), m.id)):
-        quickest.setdefault(contracts.contracts[mutant.contracts[0]].area, mutant.id)
-    return sorted(quickest.values())
+def _commit() -> str:
+    """The commit the sample rotates with (CI_COMMIT overrides it)."""
+    commit = os.environ.get("CI_COMMIT")
+    if commit:
+        return commit
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "no commit"
 
 
-def _run_and_require_kills(registry, only: list[str] | None, tmp_path: Path) -> None:
-    lines: list[str] = []
-    result = mutants_mod.run_all(registry, only, jobs=2, timeout=60.0, progress=lines.append)
-    assert not result["baseline_problems"], result["baseline_problems"]
-    (Path(tmp_path) / "mutants.json").write_text(json.dumps(result, indent=2))
-    assert result["total"] == len(only or registry.mutants)
-    bad = [o for o in result["outcomes"] if o["status"] != "killed"]
-    assert not bad, "mutants not killed on target (a bug in the suite: sharpen the check):\n" + "\n".join(
-        f"  {o['mutant']}: {o['status']} {o['killing_contracts']} {o['note'][-500:]}" for o in bad)
+def _pick(commit: str, salt: str, choices: list) -> object:
+    return choices[int(hashlib.sha256(f"{commit}:{salt}".encode()).hexdigest(), 16) % len(choices)]
 
 
-def test_a_sample_of_mutants_is_killed_on_target(registry, contracts, tmp_path, monkeypatch):
-    """One mutant per contract area through the real runner."""
+def sample(registry, contracts, commit: str) -> dict[str, list[str]]:
+    """configuration -> mutants to re-prove: for each contract area, a
+    mutant and a configuration chosen by `commit` (a configuration in which
+    the mutant must be killed), and every mutant a check of which changed
+    since the matrix was recorded (both configurations)."""
+    chosen: dict[str, set[str]] = {c: set() for c in mutants_mod.CONFIGURATIONS}
+    by_area: dict[str, list] = {}
+    for mutant in sorted(registry.mutants.values(), key=lambda m: m.id):
+        by_area.setdefault(contracts.contracts[mutant.contracts[0]].area, []).append(mutant)
+    for area, mutants in sorted(by_area.items()):
+        mutant = _pick(commit, area, mutants)
+        owed = [c for c in mutants_mod.CONFIGURATIONS if mutants_mod.expected_status(mutant, c) == "killed"]
+        chosen[_pick(commit, f"{area}/configuration", owed)].add(mutant.id)
+    matrix = _matrix()
+    recorded = (matrix.get("tree") or {}).get("checks", {})
+    changed = {c for c, digest in mutants_mod.check_digests(REPO, list(recorded)).items() if recorded[c] != digest}
+    for configuration, result in matrix["configurations"].items():
+        for outcome in result["outcomes"]:
+            mutant = registry.mutants.get(outcome["mutant"])
+            if mutant and set(outcome.get("killing_checks", [])) & changed and \
+                    mutants_mod.expected_status(mutant, configuration) == "killed":
+                chosen[configuration].add(mutant.id)
+    return {c: sorted(m) for c, m in chosen.items() if m}
+
+
+def test_the_sample_rotates_with_the_commit(registry, contracts):
+    """Over commits, every area's sample changes: in a hundred commits each
+    area's mutants are chosen more than once, in both configurations."""
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for k in range(100):
+        for configuration, mutants in sample(registry, contracts, f"commit {k}").items():
+            for mutant in mutants:
+                area = contracts.contracts[registry.mutants[mutant].contracts[0]].area
+                seen.setdefault(area, set()).add((mutant, configuration))
+    assert set(seen) >= AREAS
+    assert all(len(pairs) > 1 for pairs in seen.values()), seen
+
+
+def _run_and_require_kills(registry, chosen: dict[str, list[str]], tmp_path: Path) -> None:
+    problems = []
+    for configuration, only in chosen.items():
+        selected = [registry.mutants[m] for m in only]
+        result = mutants_mod.run_configuration(registry, selected, jobs=2, timeout=60.0,
+                                               configuration=configuration, progress=lambda line: None)
+        (Path(tmp_path) / f"mutants-{configuration}.json").write_text(json.dumps(result, indent=2))
+        problems += [f"{configuration}: baseline: {p}" for p in result["baseline_problems"]]
+        problems += [f"{configuration}: {o['mutant']}: {o['status']} {o['killing_contracts']} {o['note'][-500:]}"
+                     for o in result["outcomes"]
+                     if o["status"] != mutants_mod.expected_status(registry.mutants[o["mutant"]], configuration)]
+    assert not problems, ("mutants not killed on their clauses (a bug in the suite: sharpen the check):\n  "
+                          + "\n  ".join(problems))
+
+
+def test_a_sample_of_mutants_is_killed_on_its_clauses(registry, contracts, tmp_path, monkeypatch):
+    """One mutant per contract area, and every mutant whose checks changed,
+    through the real runner (the sample rotates with the commit)."""
     monkeypatch.chdir(tmp_path)
-    sample = _sample(registry, contracts)
-    assert len(sample) >= len(AREAS)
-    _run_and_require_kills(registry, sample, tmp_path)
-
-
-@pytest.mark.mutation
-def test_every_mutant_is_killed_on_target(registry, tmp_path, monkeypatch):
-    """The whole set through the real runner (the code behind
-    `python -m openreg.mutants --jobs 2`)."""
-    monkeypatch.chdir(tmp_path)
-    _run_and_require_kills(registry, None, tmp_path)
+    chosen = sample(registry, contracts, _commit())
+    assert sum(len(m) for m in chosen.values()) >= len(AREAS)
+    _run_and_require_kills(registry, chosen, tmp_path)
 
 
 # --------------------------------------------------- ordering, repeatedly

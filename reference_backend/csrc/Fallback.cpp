@@ -40,6 +40,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -1082,6 +1083,15 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   auto args = torch::jit::last(*stack, num_args);
   const c10::DeviceIndex device = find_device(schema, args);
+  // Mutants fallback-refuses-default-operator / fallback-refuses-noncontiguous-inputs: the
+  // dispatcher's missing-kernel error, for every cumsum, or for maximum of non-contiguous inputs.
+  if ((mutant::is("fallback-refuses-default-operator") && schema.name() == "aten::cumsum") ||
+      (mutant::is("fallback-refuses-noncontiguous-inputs") && schema.name() == "aten::maximum" &&
+       std::any_of(args.begin(), args.end(),
+                   [](const c10::IValue& v) { return v.isTensor() && !v.toTensor().is_contiguous(); }))) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "Could not run '", schema.name(),
+                                "' with arguments from the 'openreg' backend.");
+  }
   // Mutant random-ops-use-current-device-generator: the caller's current device picks the generator.
   const c10::DeviceIndex generator_device =
       mutant::is("random-ops-use-current-device-generator") ? current_device() : device;

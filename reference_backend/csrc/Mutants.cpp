@@ -72,6 +72,8 @@ const std::vector<std::string>& known() {
       "fallback-cpu-out-written-to-copy",
       "fallback-drops-conj-bit-of-out",
       "fallback-out-cannot-grow",
+      "fallback-refuses-default-operator",
+      "fallback-refuses-noncontiguous-inputs",
       "fallback-synchronous-operators",
       "fallback-views-are-copies",
       "fork-not-detected",

@@ -1,25 +1,57 @@
 """OpenReg's mutation run: the conformance suite against every mutant of OpenReg.
 
-    python -m openreg.mutants [--jobs N] [--only ID ...] [--timeout S] [--output F]
+    python -m openreg.mutants [--jobs N] [--only ID ...] [--configuration C] [--timeout S] [--output F]
     python -m openreg.mutants --markdown KILL_MATRIX.json [--docs PAGE.md]
 
 Each mutant (conformance/mutants.toml, selected with OPENREG_MUTANT) breaks
 one clause of a contract; the run requires the suite to reject each on that
-clause (docs/mutation-testing.md). This is how the kit's authors prove its
-checks can fail, so it is OpenReg's command, not part of the vendor's CLI.
-It needs the kit installed (privateuse1-conformance), whose mutation
-machinery (privateuse1_conformance.harness.mutants) it drives.
+clause, with OpenReg's instrumentation and without it (docs/mutation-testing.md).
+The kill matrix it writes names the tree it was measured on (the commit and
+a digest of conformance/, harness/ and reference_backend/). This is how the
+kit's authors prove its checks can fail, so it is OpenReg's command, not
+part of the vendor's CLI. It needs the kit installed
+(privateuse1-conformance), whose mutation machinery
+(privateuse1_conformance.harness.mutants) it drives.
 
-Exit status: 0 only when every mutant was killed on target; 1 otherwise; 2
-for bad arguments or an unreadable kill matrix.
+Exit status: 0 only when every mutant was killed on its clauses where it
+must be; 1 otherwise; 2 for bad arguments or an unreadable kill matrix.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+
+def repository_root() -> Path:
+    """The checkout this OpenReg comes from (the tree a kill matrix is bound to)."""
+    here = Path(__file__).resolve().parent
+    try:
+        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.strip()
+        return Path(top)
+    except (OSError, subprocess.SubprocessError):
+        return Path.cwd()
+
+
+def tree_record(root: Path, result: dict | None = None) -> dict:
+    """The tree a kill matrix is measured on: commit, digest, and a digest of
+    each check that killed a mutant (to see later which of them changed)."""
+    from privateuse1_conformance.harness import mutants as mutants_mod
+
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    checks = sorted({c for m in (result or {}).get("configurations", {}).values()
+                     for o in m.get("outcomes", []) for c in o.get("killing_checks", [])})
+    return {"commit": commit, "sha256": mutants_mod.tree_digest(root),
+            "checks": mutants_mod.check_digests(root, checks)}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -50,12 +82,24 @@ def _run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    print(f"{len(args.only or registry.mutants)} mutant(s) of {registry.backend!r}, {args.jobs} job(s)")
-    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout)
+    configurations = mutants_mod.CONFIGURATIONS if args.configuration == "all" else (args.configuration,)
+    print(f"{len(args.only or registry.mutants)} mutant(s) of {registry.backend!r}, {args.jobs} job(s), "
+          f"configuration(s) {', '.join(configurations)}")
+    root = repository_root()
+    before = mutants_mod.tree_digest(root)
+    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout, configurations=configurations)
+    result["tree"] = tree_record(root, result)
+    if result["tree"]["sha256"] != before:
+        print("the tree changed while the mutants ran: this matrix proves nothing; run again", file=sys.stderr)
+        result["tree"]["sha256"] = "changed-during-the-run"
     print(mutants_mod.format_matrix(result))
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
     print(f"kill matrix written to {Path(args.output).resolve()}")
-    return 0 if result["score"] == 1.0 else 1
+    ran = dataclasses.replace(registry, mutants={m: registry.mutants[m] for m in args.only}) if args.only else registry
+    problems = mutants_mod.matrix_problems(ran, result)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 0 if not problems else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="*", default=[], metavar="ID", help="run just these mutants")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a test counts as hung")
     parser.add_argument("--output", default="mutants.json", help="where to write the kill matrix (JSON)")
+    parser.add_argument("--configuration", choices=("all", "instrumented", "uninstrumented"), default="all",
+                        help="with OpenReg's instrumentation, without it, or both (default; what a recorded "
+                             "matrix needs)")
     parser.add_argument("--markdown", metavar="KILL_MATRIX",
                         help="run nothing: print the docs' table of mutants, generated from the registry "
                              "and this kill matrix (a JSON written by --output)")
