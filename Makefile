@@ -28,7 +28,7 @@ PROCESS_MODE_TESTS := $(addprefix tests/test_,allocator.py amp.py async_operator
   device_management.py guard.py hooks.py inductor.py inline_kernels.py isolation.py memory.py processes.py rng.py \
   openreg_stress.py streams_events.py tensors.py)
 test-process: build
-	OPENREG_EXECUTOR=process $(PYTHON) -m pytest $(PROCESS_MODE_TESTS) -n 2 --dist loadfile -q -m "not mutation"
+	OPENREG_EXECUTOR=process $(PYTHON) -m pytest $(PROCESS_MODE_TESTS) -n 2 --dist loadfile -q -rs -m "not mutation"
 	OPENREG_EXECUTOR=process $(VENV)/bin/privateuse1-conformance run --backend openreg \
 	  --report-dir build/conformance-report-process
 
@@ -39,12 +39,17 @@ test-process: build
 test: build
 	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
-	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q -m "not mutation"
+	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q -rs -m "not mutation"
 	$(MAKE) --no-print-directory test-process
 
-## The whole mutation run: every mutant killed on target, and every ordering
-## mutant killed in 20 of 20 runs on a busy machine (about an hour).
+## The whole mutation run, recorded: every mutant in both configurations (with
+## OpenReg's instrumentation and without), written to the kill matrix the
+## project's tests bind to this tree, and the docs' table regenerated; then
+## every ordering mutant killed in 20 of 20 runs on a busy machine.
+KILL_MATRIX := docs/mutation-kill-matrix.json
 mutants: build
+	$(PYTHON) -m openreg.mutants --jobs 2 --output $(KILL_MATRIX)
+	$(PYTHON) -m openreg.mutants --markdown $(KILL_MATRIX) --docs docs/mutation-testing.md
 	$(PYTHON) -m pytest tests/test_mutants.py -q -m mutation
 
 # Sanitizer builds of the runtime (plain C++, no torch): each a standalone

@@ -60,3 +60,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in BACKEND_MODULES and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(180))
+
+
+# A skip fails the run unless it is an allowed environment limit (skip_gate.py).
+from skip_gate import pytest_runtest_logreport, pytest_sessionfinish  # noqa: E402,F401
