@@ -28,12 +28,12 @@
 #
 # Arguments are passed to `privateuse1-conformance run` after the options
 # above: e.g. `-j 2`, `--timeout 120`, `--allow-untested-torch`, `-- -x`.
-# Restricting the run (--contract, --test, -- -k ...) leaves contracts out of
-# the report, so verify will not accept it for a level: use that to try the
-# script out, not to certify.
+# Restricting the run (--contract, --test, -- -k ...) makes a narrowed run: its
+# report records what narrowed it and reaches no level, and verify refuses it
+# for any level: use that to try the script out, not to certify.
 #
 # Exit status:
-#   0  verify: the report proves the claimed level
+#   0  verify: the report is consistent and complete for the claimed level
 #   1  verify: it does not (the problems are listed above the exit)
 #   2  a configuration error (BACKEND unset, a file that does not exist)
 #   N  the run ended without writing report.json (N: its exit status, never 0),
