@@ -132,11 +132,18 @@ def test_stream_priorities(dt):
 
 
 @contract("ST-CUR-001")
-def test_current_stream_starts_as_the_default_and_is_per_device_and_thread(dt, n):
+def test_current_stream_starts_as_the_default_and_is_per_device_and_thread(dt, n, cxx):
     defaults = default_streams(n)
     start = current_streams(n)
     check("ST-CUR-001.1", start == defaults,
           f"the current streams at process start {start} are not the default streams {defaults}")
+    for i, s in enumerate(start):
+        # The default stream as the guard names it (getDefaultStream), not
+        # only what a new thread starts with: both must be it.
+        default_id, index = must(lambda i=i: cxx.guard_default_stream(i), f"the guard's getDefaultStream({dt}:{i})")
+        check("ST-CUR-001.1", (s.stream_id, s.device_index) == (default_id, index),
+              f"the current stream of {dt}:{i} at process start (and in a new thread) is stream {s.stream_id}, not the "
+              f"device's default stream {default_id} (the guard's getDefaultStream)")
     for i, s in enumerate(defaults):
         check("ST-CUR-001.1", s.device == torch.device(dt, i), f"the default stream of device {i} is on {s.device}")
     check("ST-CUR-001.1", torch.accelerator.current_stream() == defaults[0],

@@ -448,6 +448,7 @@ class ConformanceSession:
         selected, deselected = [], []
         rank = registry_mod.LEVELS.index(self.level)
         evidence.trust({str(item.path) for item in items})  # the run's test modules may declare evidence
+        evidence.trusted_caller()  # (warms its caches in the parent: every forked test inherits them)
         for item in items:
             ids = self.contracts_of(item)
             if not ids:
@@ -491,6 +492,9 @@ class ConformanceSession:
         option that selects tests (-k, -m, --deselect, --contract, --test,
         paths, --operators with a few entries) or any plugin that dropped
         tests of the selected levels. A narrowed run certifies no level."""
+        # Read the suite's sources for the clauses once, here, before any
+        # test is forked (each forked test would read them again).
+        self._static_clauses  # noqa: B018
         final = {self.test_id(item.nodeid) for item in session.items}
         ids = self.sharding.ids if self.sharding is not None else final
         self.selected_ids = sorted(ids)

@@ -208,6 +208,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const c10::Stream s = guard().getStream(c10::Device(c10::Device(type).type(), narrow(i)));
     return py::make_tuple(s.id(), static_cast<int>(s.device_index()));
   });
+  // The device's default stream, as the guard names it (what every thread starts with).
+  m.def("guard_default_stream", [](int64_t i) {
+    const c10::Stream s = guard().getDefaultStream(c10::Device(kType, narrow(i)));
+    return py::make_tuple(s.id(), static_cast<int>(s.device_index()));
+  });
   m.def("guard_synchronize_device", [](int64_t i) {
     py::gil_scoped_release no_gil;
     guard().synchronizeDevice(narrow(i));
