@@ -62,6 +62,7 @@ SCALES = (1, 4, 16)
 GATE_LIMIT = 5.0       # seconds after which a held stream is released whatever happens
 RELEASE_DELAY = 0.3    # seconds a call that must wait for a held stream is given to return early
 MARKERS = 256          # markers of one Load: each hold of long work uses one, once
+SAMPLES, SAMPLE_SIZE = 16, 16  # pieces (and their elements) an unordered read of a long write's target looks at
 
 
 class Load:
@@ -113,9 +114,10 @@ class Load:
         for _ in range(self.units if units is None else units):
             self.unit()
 
-    def target(self) -> torch.Tensor:
-        """A zero-filled float32 target; synchronizes so that the zeros are final."""
-        t = torch.zeros(self.elements, dtype=torch.float32, device=self.device)
+    def target(self, scale: int = 1) -> torch.Tensor:
+        """A zero-filled float32 target (of `scale` times the elements);
+        synchronizes so that the zeros are final."""
+        t = torch.zeros(self.elements * scale, dtype=torch.float32, device=self.device)
         torch.accelerator.synchronize(self.device.index)
         return t
 
@@ -158,10 +160,21 @@ class Load:
         """Whether marker `slot` was written (an unordered read)."""
         return float(self._unordered(self.markers[slot])) == slot + 1
 
+    def progress(self, target: torch.Tensor) -> tuple[bool, bool]:
+        """(begun, finished) of the write of `target`, read without waiting
+        for it (see peek): SAMPLES short contiguous pieces spread over it (a
+        strided view would need a device kernel to gather, which a backend
+        may order after all work), so that the read is short beside the
+        write. A write seen unfinished certainly was; one seen finished
+        probably was (the pieces written early)."""
+        count = target.numel()
+        starts = sorted({min(count - SAMPLE_SIZE, k * count // SAMPLES) for k in range(SAMPLES)} | {count - SAMPLE_SIZE})
+        written = [bool((self._unordered(target[start:start + SAMPLE_SIZE]) == self.value).all()) for start in starts]
+        return any(written), all(written)
+
     def seen_final(self, target: torch.Tensor) -> bool:
-        """Whether `target` already holds the written value, read without
-        waiting for the work that writes it (see peek)."""
-        return bool((self._unordered(target) == self.value).all())
+        """Whether `target` already holds the written value (see progress)."""
+        return self.progress(target)[1]
 
 
 class Hold:
@@ -170,14 +183,16 @@ class Hold:
     backend's instrumentation, False for long work that is probably still
     running."""
 
-    def __init__(self, stream, release: Callable[[], None], certain: bool, load: Load | None = None,
-                 marker: int | None = None) -> None:
+    def __init__(self, stream, release: Callable[[], None], certain: bool,
+                 unfinished: Callable[[], bool] | None = None,
+                 progress: Callable[[], tuple[bool, bool]] | None = None) -> None:
         self.stream = stream
         self.certain = certain
         self._release = release
         self._lock = threading.Lock()
         self._held = True
-        self._load, self._marker = load, marker
+        self._unfinished = unfinished   # long work: whether it is seen unfinished (an unordered read)
+        self._progress = progress       # one long task: (begun, finished), seen likewise
         self.overlapped = False   # whether the work was ever seen pending
         self._timer: threading.Timer | None = None
         if certain:
@@ -193,13 +208,25 @@ class Hold:
 
     def pending(self) -> bool:
         """Whether the held work is still pending now: the gate is closed, or
-        the long work's marker is not yet written (seen on another stream)."""
-        if self.certain:
-            pending = self.held
-        else:
-            pending = not self._load.peek(self._marker)
+        the long work is seen unfinished by a read on another stream."""
+        pending = self.held if self.certain else self._unfinished()
         self.overlapped |= pending
         return pending
+
+    def running(self) -> bool:
+        """Wait until the held task is seen running: a gate holds it running
+        already; one long task, until its write is seen begun. False when it
+        was seen finished first (it ran too fast to catch)."""
+        if self.certain or self._progress is None:
+            return self.pending()
+        while True:
+            begun, finished = self._progress()
+            if finished:
+                return False
+            if begun:
+                self.overlapped = True
+                return True
+            time.sleep(0.0002)
 
     def release(self) -> None:
         with self._lock:
@@ -228,7 +255,25 @@ def hold(backend, stream, load: Load | None = None, scale: int = 1) -> Hold:
         raise ValueError("suite bug: hold() without a gate needs a Load")
     with stream:
         load.queue(load.units * scale)
-    return Hold(stream, lambda: None, certain=False, load=load, marker=load.mark(stream))
+    marker = load.mark(stream)
+    return Hold(stream, lambda: None, certain=False, unfinished=lambda: not load.peek(marker))
+
+
+def running_task(backend, stream, load: Load, scale: int = 1) -> Hold:
+    """The stream's only task running, nothing queued behind it: the state in
+    which a backend may wrongly treat the stream as idle because its queue
+    is empty. With the gate, a hold (block_stream returns once the hold
+    runs); without, one long task: a converting write of `scale` times
+    `load`'s elements (one kernel, from a broadcast source), seen running
+    while an unordered read of its target finds it unfinished."""
+    block = backend.instrument("block_stream")
+    if block is not None:
+        return hold(backend, stream)
+    target = load.target(scale)
+    with stream:
+        target.view(scale, -1).copy_(load.src.expand(scale, -1))
+    return Hold(stream, lambda: None, certain=False, unfinished=lambda: not load.seen_final(target),
+                progress=lambda: load.progress(target))
 
 
 def waited(call: Callable[[], Any], held: Hold, keep: bool = False) -> tuple[Any, bool | None]:

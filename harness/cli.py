@@ -259,7 +259,7 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
         "For every clause the tables below name the check that decides it (a test of the suite, or a GoogleTest "
         "case of the kit's C++ probe) and the mutant of the reference backend that proves the check can fail "
         "([mutation testing](mutation-testing.md)), with OpenReg's instrumentation and without it; a mutant that "
-        "only the instrumentation can kill is marked so (a backend without the instrumentation loses that "
+        "only the instrumentation kills for certain is marked so (a backend without the instrumentation loses that "
         "assurance: [vendor guide](vendor-guide.md#instrumentation-optional)). A clause without either is listed "
         "with the reason it is waived. A contract passes only when every clause with a check was decided by a "
         "check that could observe it, or does not apply to the backend ([harness](harness.md#clauses-a-pass-needs-"
@@ -303,7 +303,7 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
                 for clause_id in c.clause_ids():
                     cc = cover.clauses[clause_id]
                     checks = "<br>".join(f"`{x}`" for x in cc.checks) or f"*waived:* {_cell(cc.waived_check)}"
-                    mutants = "<br>".join(f"`{m}`" + (" (killed only with instrumentation)" if m in instrumented_only
+                    mutants = "<br>".join(f"`{m}`" + (" (killed for certain only with instrumentation)" if m in instrumented_only
                                                       else "") for m in cc.mutants) \
                         or f"*waived:* {_cell(cc.waived_mutant)}"
                     lines.append(f"| `{clause_id}` | {_cell(cc.text)} | {checks} | {mutants} |")

@@ -243,7 +243,13 @@ def test_splice_replaces_only_the_generated_block(registry, contracts):
 
 
 def _recorded_seconds() -> dict[str, float]:
-    return {o["mutant"]: o["seconds"] for o in _matrix()["configurations"][mutants_mod.INSTRUMENTED]["outcomes"]}
+    """Each mutant's seconds in the recorded matrix (empty when none is
+    recorded in this format: the tests of the recorded matrix say so)."""
+    try:
+        outcomes = _matrix()["configurations"][mutants_mod.INSTRUMENTED]["outcomes"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {o["mutant"]: o["seconds"] for o in outcomes}
 
 
 def _commit() -> str:
@@ -309,8 +315,7 @@ def _run_and_require_kills(registry, chosen: dict[str, list[str]], tmp_path: Pat
         (Path(tmp_path) / f"mutants-{configuration}.json").write_text(json.dumps(result, indent=2))
         problems += [f"{configuration}: baseline: {p}" for p in result["baseline_problems"]]
         problems += [f"{configuration}: {o['mutant']}: {o['status']} {o['killing_contracts']} {o['note'][-500:]}"
-                     for o in result["outcomes"]
-                     if o["status"] != mutants_mod.expected_status(registry.mutants[o["mutant"]], configuration)]
+                     for o in result["outcomes"] if o["status"] != "killed"]
     assert not problems, ("mutants not killed on their clauses (a bug in the suite: sharpen the check):\n  "
                           + "\n  ".join(problems))
 
