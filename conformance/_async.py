@@ -216,17 +216,23 @@ class Hold:
     def running(self) -> bool:
         """Wait until the held task is seen running: a gate holds it running
         already; one long task, until its write is seen begun. False when it
-        was seen finished first (it ran too fast to catch)."""
+        was seen finished first (it ran too fast to catch), or not seen begun
+        within GATE_LIMIT (a backend may start queued work late, say when the
+        host waits: nothing was observed then, which decides nothing)."""
         if self.certain or self._progress is None:
             return self.pending()
-        while True:
+        deadline = time.monotonic() + GATE_LIMIT
+        pause = 0.0002
+        while time.monotonic() < deadline:
             begun, finished = self._progress()
             if finished:
                 return False
             if begun:
                 self.overlapped = True
                 return True
-            time.sleep(0.0002)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+        return False
 
     def release(self) -> None:
         with self._lock:

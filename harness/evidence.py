@@ -37,7 +37,10 @@ from pathlib import Path
 
 import pytest
 
+from privateuse1_conformance.reports.text import one_line
+
 SCOPE_MESSAGE = "$scope"
+REASON_LIMIT = 400  # characters of a clause's n/a or undecided reason (one line: the report's schema)
 PROGRESS_MESSAGE = "$progress"
 
 
@@ -153,7 +156,7 @@ def not_applicable(clause: str, reason: str) -> None:
     about: a second device, instrumentation a check needs, work in flight
     on a backend that runs everything synchronously)."""
     if "." in clause and clause not in _clauses and trusted_caller():
-        _clauses[clause] = f"n/a: {reason}"
+        _clauses[clause] = f"n/a: {one_line(reason, REASON_LIMIT)}"
 
 
 def undecided(clause: str, reason: str) -> None:
@@ -161,7 +164,7 @@ def undecided(clause: str, reason: str) -> None:
     work seen in flight): no evidence, and the reason why. It wins over
     other checks of the clause in the test, which decided only part of it."""
     if "." in clause and not _clauses.get(clause, "").startswith("undecided"):
-        _clauses[clause] = f"undecided: {reason}"
+        _clauses[clause] = f"undecided: {one_line(reason, REASON_LIMIT)}"
 
 
 def clause_outcomes() -> dict[str, str]:

@@ -44,6 +44,8 @@ from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
 from . import isolation, operators as operators_mod, registry as registry_mod, shard as shard_mod, versions
+from privateuse1_conformance.reports.text import one_line
+
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
@@ -370,7 +372,7 @@ class ConformanceSession:
                 outcomes.setdefault(clause, evidence.DECIDED)
         if error is not None and evidence.declared_not_applicable(error):
             for clause in self.clauses_of(item.nodeid):
-                outcomes.setdefault(clause, f"n/a: {getattr(error, 'msg', str(error))}")
+                outcomes.setdefault(clause, f"n/a: {one_line(getattr(error, 'msg', str(error)), evidence.REASON_LIMIT)}")
         return dict(sorted(outcomes.items()))
 
     @staticmethod
@@ -519,7 +521,9 @@ class ConformanceSession:
         for name, flag in (("deselect", "--deselect"), ("ignore", "--ignore"), ("ignore_glob", "--ignore-glob")):
             if getattr(option, name, None):
                 reasons.append(f"{flag} {' '.join(map(str, getattr(option, name)))}")
-        for name, flag in (("lf", "--last-failed"), ("stepwise", "--stepwise"), ("stepwise_skip", "--stepwise-skip")):
+        for name, flag in (("lf", "--last-failed"), ("stepwise", "--stepwise"), ("stepwise_skip", "--stepwise-skip"),
+                           # a module that failed to import is left out, not failed
+                           ("continue_on_collection_errors", "--continue-on-collection-errors")):
             if getattr(option, name, False):
                 reasons.append(flag)
         operators = (self.config.getoption("operators") or "default").strip()
@@ -586,7 +590,8 @@ class ConformanceSession:
         elif missing:
             reason = self._not_claimed_reason(missing).replace("not claimed:", "not applicable here:", 1)
             reports = [self._not_run_report(item, "inconclusive", reason)]
-            reports[0].user_properties.append(("clauses", {c: f"n/a: {reason}" for c in self.clauses_of(item.nodeid)}))
+            reports[0].user_properties.append(("clauses", {c: f"n/a: {one_line(reason, evidence.REASON_LIMIT)}"
+                                                           for c in self.clauses_of(item.nodeid)}))
         elif (reason := self._operator_not_claimed(item)) and self._in_default_set(item):
             # The default set must be claimed (OP-INFO-001.3): excluding one of its operators fails.
             key = item.callspec.params["opinfo_key"]

@@ -177,7 +177,8 @@ def _summary(run: Run, contracts: list[dict[str, Any]], operators: list[dict[str
     return {
         "level_reached": reached,
         "claimed_level": run.claimed_level,
-        "certifies": run.complete and not run.narrowed_by,
+        # A shard certifies nothing alone: only the merged set of shards does.
+        "certifies": run.complete and not run.narrowed_by and run.provenance.shard is None,
         "level_requirements": {level: list(features) for level, features in run.level_requirements.items()},
         "claimed_optional_features": claimed_optional_features(run.optional_features, run.unclaimed_features),
         "claimed_contracts": len(claimed),

@@ -150,9 +150,12 @@ class ContractResult:
 
     def clause_status(self) -> dict[str, str]:
         """Each required clause -> DECIDED (a check of it ran in a test that
-        passed, or that was inconclusive only after it), "n/a: <why>" (no
-        check decided it and a check found it does not apply to the backend)
-        or "undecided: <why>"."""
+        passed, or that was inconclusive only after it), "undecided: <why>"
+        (no check decided it and one could not observe it: that outranks
+        another test's finding that the clause does not apply, which may come
+        from a test that merely mentions it), "n/a: <why>" (no check decided
+        it and a check found it does not apply to the backend), or
+        undecided because no check of it ran to the end."""
         status = {}
         evidence = [t for t in self.tests if t.verdict_for(self.contract.id) in (
             Verdict.PASS, Verdict.XPASS, Verdict.INCONCLUSIVE)]
@@ -162,11 +165,12 @@ class ContractResult:
             found = [t.clauses.get(clause, "") for t in self.tests]
             if any(t.clauses.get(clause) == DECIDED for t in evidence):
                 status[clause] = DECIDED
+            elif any(f.startswith(UNDECIDED) for f in found):
+                status[clause] = next(f for f in found if f.startswith(UNDECIDED))
             elif any(f.startswith(NOT_APPLICABLE) for f in found):
                 status[clause] = next(f for f in found if f.startswith(NOT_APPLICABLE))
             else:
-                why = next((f for f in found if f.startswith(UNDECIDED)), "")
-                status[clause] = why or f"{UNDECIDED}: no check of it ran to the end in a test that passed"
+                status[clause] = f"{UNDECIDED}: no check of it ran to the end in a test that passed"
         return status
 
     def undecided(self) -> list[str]:
@@ -388,8 +392,9 @@ class Run:
     @property
     def level_reached(self) -> str | None:
         """The level the run shows; none for a narrowed run, which
-        certifies nothing whatever its verdicts."""
-        if self.narrowed_by:
+        certifies nothing whatever its verdicts, nor for one cut short (the
+        tests that did not run decide nothing)."""
+        if self.narrowed_by or not self.complete:
             return None
         return level_reached(self.contracts, set(self.optional_features), self.level_requirements,
                              set(self.unclaimed_features))

@@ -133,3 +133,21 @@ def test_a_contract_with_an_undecided_clause_is_not_satisfied(run):
     assert "DM-NAME-001.2" in name["message"]
     get = run.contract("DM-GET-001")
     assert get["verdict"] == "inconclusive" and get["clauses"]["DM-GET-001.1"].startswith("undecided")
+
+
+def test_a_task_never_seen_running_decides_nothing_in_bounded_time(monkeypatch):
+    """A backend may start queued work late (say, only when the host waits):
+    watching for one long task to begin gives up after the gate's limit and
+    reports it not seen running, instead of waiting forever."""
+    from privateuse1_conformance.conformance import _async
+
+    monkeypatch.setattr(_async, "GATE_LIMIT", 0.2)
+    calls = []
+    never_begun = _async.Hold(None, lambda: None, certain=False, unfinished=lambda: True,
+                              progress=lambda: calls.append(1) or (False, False))
+    assert never_begun.running() is False and not never_begun.overlapped
+    assert len(calls) >= 2
+    begun = _async.Hold(None, lambda: None, certain=False, unfinished=lambda: True, progress=lambda: (True, False))
+    assert begun.running() is True and begun.overlapped
+    finished = _async.Hold(None, lambda: None, certain=False, unfinished=lambda: False, progress=lambda: (True, True))
+    assert finished.running() is False

@@ -97,6 +97,15 @@ def test_registry_is_consistent(registry, contracts):
         "no mutant breaks pinned memory"
 
 
+def test_the_readme_counts_the_registrys_mutants(registry):
+    """The README's figure is the registry's, not a past count."""
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"rejects (\d+) deliberately broken variants", readme)
+    assert match, "README.md no longer says how many mutants the mutation run rejects"
+    assert int(match.group(1)) == len(registry.mutants), (
+        f"README.md says {match.group(1)} mutants; conformance/mutants.toml has {len(registry.mutants)}")
+
+
 def test_registry_rejects_unknown_contracts(tmp_path, contracts):
     bad = tmp_path / "mutants.toml"
     bad.write_text('backend = "openreg"\nselector_env = "OPENREG_MUTANT"\n'

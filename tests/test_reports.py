@@ -520,6 +520,18 @@ def test_a_narrowed_run_certifies_nothing_anywhere():
     assert 'id="narrowed"' in html_report.render(document)
 
 
+def test_a_shard_or_a_run_cut_short_certifies_nothing():
+    """A shard certifies only once merged with the others; a run cut short
+    (interrupted, -x) reaches no level: its tests that did not run decide
+    nothing."""
+    assert json_report.to_document(passing_run())["summary"]["certifies"] is True
+    shard = json_report.to_document(passing_run(shard={"index": 1, "count": 2}))
+    assert shard["summary"]["certifies"] is False
+    passing = [(c, a, l, f, [V.NOT_CLAIMED] if u else [V.PASS], u) for c, a, l, f, _, u in CONTRACTS]
+    cut_short = json_report.to_document(make_run(passing, complete=False))
+    assert cut_short["summary"]["level_reached"] is None and cut_short["summary"]["certifies"] is False
+
+
 def text_title(document):
     from privateuse1_conformance.reports.text import title
     return title(document)
@@ -600,6 +612,10 @@ def test_a_contract_pass_needs_every_clause_decided():
     assert ContractResult(info, [decided, vacuous]).verdict is V.INCONCLUSIVE
     both = ModelTestResult("t4", ["DM-ONE-001"], V.PASS, clauses={"DM-ONE-001.2": "decided"})
     assert ContractResult(info, [decided, vacuous, both]).verdict is V.PASS
+    # A check that could not observe outranks another test's "does not apply"
+    # (which may come from a test that only mentions the clause).
+    assert ContractResult(info, [decided, other, vacuous]).verdict is V.INCONCLUSIVE
+    assert ContractResult(info, [decided, vacuous, other]).clause_status()["DM-ONE-001.2"] == "undecided: no overlap"
     failing = ModelTestResult("t5", ["DM-ONE-001"], V.FAIL)
     assert ContractResult(info, [decided, failing]).verdict is V.FAIL
 
