@@ -13,6 +13,10 @@ check          clause          what
 =============  ==============  ==================================================
 forward        OP-INFO-001.1   each sample's results: values, dtype and shape
 noncontiguous  OP-INFO-001.2   the same samples made non-contiguous on the device
+layout         OP-INFO-001.4   results' strides (the CPU's, or PyTorch's meta
+                               kernel's), also from inputs of another dense
+                               layout (the last two dimensions swapped in
+                               memory; the first dtype of each operator)
 out            OP-INFO-002.1   ``out=``: the CPU's result written into, and
                                returned as, the tensors given
 out-device     OP-INFO-002.3   ``out=`` tensors on the CPU (or another device):
@@ -31,7 +35,9 @@ relative, or the operator's toleranceOverride for that test), widened for
 the reduced-precision dtypes to 8 units of their resolution (PyTorch's own
 composite kernels, which a backend without a kernel of its own runs, compute
 in the dtype and differ from the CPU's float-accumulating kernels by a few
-units). OpInfo's skips and expected failures for the corresponding PyTorch
+units), and narrowed for float64 and complex128 to the same number of units
+of their own resolution (about 1.9e-12: a double result computed in single
+precision fails). OpInfo's skips and expected failures for the corresponding PyTorch
 test apply when they hold for every device (``device_type`` unset): PyTorch
 itself says such a comparison is meaningless. Operators that draw random
 numbers (an aten operator tagged ``nondeterministic_seeded`` runs) are not
@@ -61,6 +67,7 @@ from privateuse1_conformance.harness.operators import CELLS_PROPERTY, CHECK_CLAU
 # check -> (clause, the PyTorch test whose OpInfo decorators apply to it)
 _PYTORCH_TESTS = {
     "forward": ("TestCommon", "test_compare_cpu"),
+    "layout": ("TestCommon", "test_compare_cpu"),
     "noncontiguous": ("TestCommon", "test_noncontiguous_samples"),
     "out": ("TestCommon", "test_out"),
     "out-device": ("TestCommon", "test_out"),
@@ -76,6 +83,14 @@ CHECKS = {check: (clause, _PYTORCH_TESTS[check]) for check, clause in CHECK_CLAU
 # device against the CPU, which run the same variant here; only skips apply.
 CROSS_DEVICE_CHECKS = {"forward", "backward", "errors"}
 BASE_TOLERANCE = 1e-3          # test_compare_cpu's atol and rtol
+# float64 and complex128 at their own precision: test_compare_cpu's 1e-3 is
+# about 8,400 units of float32's resolution, and the same number of units
+# of float64's (about 1.9e-12) leaves another summation order, fused
+# arithmetic or another libm as much room as float32 gets, while a float64
+# result computed in float32 (off by about 1e-7) fails. OpInfo's
+# toleranceOverride for a double dtype still applies where it is wider.
+DOUBLE_PRECISION = {torch.float64, torch.complex128}
+DOUBLE_TOLERANCE = BASE_TOLERANCE * torch.finfo(torch.float64).eps / torch.finfo(torch.float32).eps
 REDUCED_PRECISION = {torch.float16, torch.bfloat16, torch.complex32}
 REDUCED_PRECISION_UNITS = 8    # of the dtype's resolution (finfo.eps)
 OUT_SAMPLES = 3                # samples checked with out= (test_out checks one)
@@ -116,6 +131,7 @@ REFUSALS = (RuntimeError, ValueError, TypeError, IndexError)
 NO_EVIDENCE = {
     "forward": "the CPU rejects every sample of this dtype: nothing to compare",
     "noncontiguous": "no sample whose forward result matched the CPU's to make non-contiguous",
+    "layout": "no sample whose forward result matched the CPU's had a strided tensor result",
     "out": "no sample the CPU accepts out= for",
     "out-device": "no sample whose out= result matched the CPU's to give out= tensors on another device",
     "inplace": "no sample the CPU can compute in place (type promotion, broadcasting)",
@@ -263,7 +279,8 @@ def _decorations(op, check: str, device_type: str, dtype: torch.dtype | None) ->
 
 def tolerance(op, check: str, device_type: str, dtype: torch.dtype) -> tuple[float, float]:
     found = _decorations(op, check, device_type, dtype)
-    atol, rtol = found.get("atol", BASE_TOLERANCE), found.get("rtol", BASE_TOLERANCE)
+    base = DOUBLE_TOLERANCE if dtype in DOUBLE_PRECISION else BASE_TOLERANCE
+    atol, rtol = found.get("atol", base), found.get("rtol", base)
     if dtype in REDUCED_PRECISION:
         resolution = REDUCED_PRECISION_UNITS * torch.finfo(dtype).eps
         atol, rtol = max(atol, resolution), max(rtol, resolution)
@@ -362,6 +379,65 @@ def _shape_mismatch(got, expected) -> str | None:
     return None
 
 
+def _permuted(sample):
+    """A copy of `sample` whose tensors of 2 dimensions or more have the same
+    values in another dense layout: the last two dimensions swapped in
+    memory (column-major matrices), as a transposed weight or a channels-last
+    activation is laid out. Operators that keep their input's layout
+    (elementwise ones: TensorIterator) give the CPU's results that layout."""
+    def permute(t):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.layout != torch.strided:
+            return t
+        return t.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(t.requires_grad)
+
+    return sample.transform(permute)
+
+
+def _strided_results(result) -> list:
+    """The flat results, strided tensors kept and anything else None."""
+    return [t if isinstance(t, torch.Tensor) and t.layout == torch.strided else None for t in tree_flatten(result)[0]]
+
+
+_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd")
+
+
+def _pytorch_composite(func) -> bool:
+    """Whether aten operator `func` runs PyTorch's own composite kernel on
+    the device (the backend registered no kernel of its own for it): the
+    layout of what it returns is PyTorch's choice, not the backend's (a
+    functional operator that PyTorch computes through its out= kernel with an
+    empty result, which the backend may resize contiguously: OP-INFO-002's
+    statement; layer_norm's math kernel)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    name = func.name()
+    return not has(name, "PrivateUse1") and any(has(name, key) for key in _COMPOSITE_KEYS)
+
+
+def _producers(call) -> dict[int, tuple[Any, torch.Tensor]]:
+    """Runs call() and returns, for every tensor an aten operator returned
+    at the top level, id -> (the operator, the tensor, kept alive so that ids
+    stay unique)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    produced: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    class Producers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    produced[id(t)] = (func, t)
+            return out
+
+    with Producers():
+        result = call()
+    for t in tree_flatten(result)[0]:  # (the results themselves, by position)
+        if isinstance(t, torch.Tensor) and id(t) not in produced:
+            produced[id(t)] = (None, t)
+    produced[-1] = (None, result)
+    return produced
+
+
 def _draws_random_numbers(op, cpu_sample) -> bool:
     """Whether the operator runs an aten operator PyTorch tags as seeded
     random (dropout, bernoulli, normal, randint, ...) on the CPU."""
@@ -448,6 +524,7 @@ class OperatorCheck:
         self.derived = derived       # the claim is the default (missing kernels are not-claimed)
         self.backward = backward
         self.report = OperatorReport(op_key(op))
+        self._permuted_done = False  # column-major samples ran (for the first dtype that had some)
 
     # ------------------------------------------------------------ helpers
 
@@ -549,6 +626,7 @@ class OperatorCheck:
             return
         atol, rtol = tolerance(op, "forward", self.device_type, dtype)
         passed = []   # (index, device sample, cpu sample, cpu result) of samples whose forward passed
+        layouts = []  # (step, device sample, device results, cpu results) of the same samples
         for index, sample in enumerate(samples):
             cpu_sample = _cpu_sample(sample, self.device_type)
             if cpu_sample is None:
@@ -560,17 +638,17 @@ class OperatorCheck:
                 self.report.random = _draws_random_numbers(op, cpu_sample)
             cpu_pristine = _clone_sample(cpu_sample)
             try:
-                expected = cpu_sample.output_process_fn_grad(
-                    op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs))
+                cpu_raw = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+                expected = cpu_sample.output_process_fn_grad(cpu_raw)
             except Exception:  # noqa: BLE001 - the CPU rejects it: no evidence
                 continue
             step = f"{name}: forward, {_describe(sample, index)}"
             try:
                 pristine = self._run_device(lambda: _clone_sample(sample), CHECKS["forward"][0],
                                             f"{name}: copying {_describe(sample, index)} on the device")
-                got = self._run_device(lambda: op(sample.input, *sample.args, **sample.kwargs),
+                raw = self._run_device(lambda: op(sample.input, *sample.args, **sample.kwargs),
                                        CHECKS["forward"][0], step)
-                got = _results_to_cpu(sample.output_process_fn_grad(got))
+                got = _results_to_cpu(sample.output_process_fn_grad(raw))
             except NotClaimed:
                 raise
             except Exception as e:  # noqa: BLE001
@@ -583,11 +661,116 @@ class OperatorCheck:
                 continue
             forward.record("pass")
             passed.append((index, pristine, cpu_pristine, expected))
+            layouts.append((step, pristine, _strided_results(raw), _strided_results(cpu_raw)))
+        self._check_layout(dtype, layouts, passed, atol, rtol)
         self._check_noncontiguous(dtype, passed, atol, rtol)
         self._check_out(dtype, passed, atol, rtol)
         self._check_inplace(dtype, passed, atol, rtol)
         if self.backward and op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"):
             self._check_backward(dtype, {index for index, *_ in passed})
+
+    def _layout_mismatch(self, sample, got: list, expected: list) -> str | None:
+        """Why the device's results (flat, strided tensors or None) are not
+        laid out as the CPU's, or None. Strides are compared where they
+        matter (dimensions of size more than 1 of results with elements).
+        Where they differ, the strides PyTorch's meta kernel gives the same
+        call (the layout compiled code and fake tensors assume) pass too."""
+        differing = [k for k, (g, e) in enumerate(zip(got, expected))
+                     if g is not None and e is not None and _geometry(g) != _geometry(e)]
+        if not differing:
+            return None
+        meta = self._meta_results(sample)
+        composite = None
+        problems = []
+        for k in differing:
+            m = meta[k] if meta is not None and k < len(meta) else None
+            if m is not None and _geometry(m) == _geometry(got[k]):
+                continue
+            if composite is None:
+                composite = self._composite_results(sample)
+            if k in composite:
+                continue  # PyTorch's composite kernel chose the layout
+            problems.append(f"result {k} of shape {tuple(got[k].shape)} has strides {tuple(got[k].stride())} on the "
+                            f"device, {tuple(expected[k].stride())} on the CPU"
+                            + (f" and {tuple(m.stride())} from PyTorch's meta kernel" if m is not None else ""))
+        return "; ".join(problems) or None
+
+    def _composite_results(self, sample) -> set[int]:
+        """The positions of the results that PyTorch's own composite kernels
+        return for the sample on the device (the operator run again on a
+        copy, its aten operators watched)."""
+        try:
+            copy = _clone_sample(sample)
+            produced = _producers(lambda: self.op(copy.input, *copy.args, **copy.kwargs))
+        except Exception:  # noqa: BLE001 - it ran before; no excuse found
+            return set()
+        flat = tree_flatten(produced.pop(-1)[1])[0]
+        return {k for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and id(t) in produced
+                and produced[id(t)][0] is not None and _pytorch_composite(produced[id(t)][0])}
+
+    def _meta_results(self, sample) -> list | None:
+        """The flat results of the operator on meta tensors of the sample's
+        geometry, or None where the meta kernel cannot run it."""
+        def to_meta(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+        try:
+            meta = sample.transform(to_meta)
+            for key, value in list(meta.kwargs.items()):
+                if key == "device" and torch.device(value).type == self.device_type:
+                    meta.kwargs[key] = "meta"
+            return _strided_results(self.op(meta.input, *meta.args, **meta.kwargs))
+        except Exception:  # noqa: BLE001 - no meta kernel, or one that needs the values
+            return None
+
+    def _check_layout(self, dtype, layouts, passed, atol, rtol) -> None:
+        """The strides of the forward check's results, and, for the first
+        dtype of the operator with such samples, the same samples with their
+        matrices laid out column-major: values and strides as on the CPU."""
+        name = dtype_name(dtype)
+        outcome = self._at(name, "layout")
+        skip = self._skip_reason("layout", dtype)
+        if skip:
+            outcome.record("skip", skip)
+            return
+        clause = CHECKS["layout"][0]
+        for step, sample, got, expected in layouts:
+            if not any(g is not None for g in got):
+                continue
+            outcome.samples += 1
+            problem = self._layout_mismatch(sample, got, expected)
+            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
+        if self._permuted_done:
+            return
+        for index, sample, cpu_sample, _ in passed:
+            if not any(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tree_flatten(
+                    (sample.input, sample.args, sample.kwargs))[0]):
+                continue
+            self._permuted_done = True
+            step = f"{name}: inputs laid out column-major, {_describe(sample, index)}"
+            try:
+                cpu_permuted = _permuted(cpu_sample)
+                cpu_raw = self.op(cpu_permuted.input, *cpu_permuted.args, **cpu_permuted.kwargs)
+                expected = cpu_permuted.output_process_fn_grad(cpu_raw)
+            except Exception:  # noqa: BLE001 - the CPU rejects this layout: no evidence
+                continue
+            try:
+                permuted = self._run_device(lambda: _permuted(sample), clause, step)
+                raw = self._run_device(lambda: self.op(permuted.input, *permuted.args, **permuted.kwargs),
+                                       clause, step)
+                got = _results_to_cpu(permuted.output_process_fn_grad(raw))
+            except NotClaimed:
+                raise
+            except Exception as e:  # noqa: BLE001
+                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU returned a result "
+                                       "for the same inputs")
+                continue
+            outcome.samples += 1
+            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
+            problem = problem or self._layout_mismatch(permuted, _strided_results(raw), _strided_results(cpu_raw))
+            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
 
     def _check_noncontiguous(self, dtype, passed, atol, rtol) -> None:
         name = dtype_name(dtype)

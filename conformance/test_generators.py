@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from ._helpers import must
+from ._helpers import check, inconclusive, must
 
 contract = pytest.mark.contract
 
@@ -466,3 +466,146 @@ def test_offsets_round_trip_or_raise_clearly(mod, dt, n, cxx):
         first = sample()
         g.set_offset(16)
         assert torch.equal(first, sample()), f"{label}.set_offset(16) did not reproduce the numbers drawn at offset 16"
+
+
+# ----------------------------------------------------------- distributions
+#
+# Each random operator's numbers are compared with the distribution it draws
+# from, never with the CPU's numbers. The bounds are 8 standard deviations
+# of the statistic (a proportion, a mean, a variance) for DRAWS numbers: a
+# correct backend, whatever its algorithm, exceeds one with a probability
+# below 1e-14 (the statistics are near normal at this size), so a failure
+# is the backend's distribution, not chance. The seeds are fixed as well,
+# so a run repeats itself exactly.
+
+DRAWS = 1 << 17
+SIGMAS = 8.0
+
+
+def _normal_cdf(x: float) -> float:
+    import math
+
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+# name -> (draw on a device, the support check, {threshold: P(X <= threshold)}, mean, variance)
+def _distributions() -> dict:
+    import math
+
+    n = DRAWS
+    return {
+        "torch.rand": (lambda d: torch.rand(n, device=d), lambda x: bool(((x >= 0) & (x < 1)).all()),
+                       {q: q for q in (0.1, 0.25, 0.5, 0.75, 0.9)}, 0.5, 1 / 12),
+        "torch.randn": (lambda d: torch.randn(n, device=d), lambda x: bool(torch.isfinite(x).all()),
+                        {t: _normal_cdf(t) for t in (-1.5, -0.5, 0.0, 0.5, 1.5)}, 0.0, 1.0),
+        "Tensor.normal_(2, 3)": (lambda d: torch.empty(n, device=d).normal_(2.0, 3.0),
+                                 lambda x: bool(torch.isfinite(x).all()),
+                                 {2 + 3 * t: _normal_cdf(t) for t in (-1.0, 0.0, 1.0)}, 2.0, 9.0),
+        "Tensor.uniform_(-2, 5)": (lambda d: torch.empty(n, device=d).uniform_(-2.0, 5.0),
+                                   lambda x: bool(((x >= -2) & (x < 5)).all()),
+                                   {-2 + 7 * q: q for q in (0.1, 0.5, 0.9)}, 1.5, 49 / 12),
+        "Tensor.exponential_(2)": (lambda d: torch.empty(n, device=d).exponential_(2.0),
+                                   lambda x: bool((x >= 0).all()),
+                                   {-math.log(1 - q) / 2: q for q in (0.25, 0.5, 0.9)}, 0.5, 0.25),
+        "torch.randint(3, 10)": (lambda d: torch.randint(3, 10, (n,), device=d).double(),
+                                 lambda x: bool(((x >= 3) & (x < 10)).all()),
+                                 {k + 0.5: (k - 2) / 7 for k in range(3, 9)}, 6.0, 4.0),
+        "Tensor.bernoulli_(0.3)": (lambda d: torch.empty(n, device=d).bernoulli_(0.3),
+                                   lambda x: bool(((x == 0) | (x == 1)).all()), {0.5: 0.7}, 0.3, 0.21),
+        "F.dropout(p=0.2)": (lambda d: torch.nn.functional.dropout(torch.ones(n, device=d), 0.2, training=True),
+                             lambda x: bool(((x == 0) | ((x - 1.25).abs() < 1e-6)).all()), {0.5: 0.2}, 1.0, 0.25),
+        "torch.multinomial([1, 2, 3, 4], replacement)": (
+            lambda d: torch.multinomial(torch.tensor([1.0, 2.0, 3.0, 4.0], device=d), n, replacement=True).double(),
+            lambda x: bool(((x >= 0) & (x < 4)).all()), {0.5: 0.1, 1.5: 0.3, 2.5: 0.6}, 2.0, 1.0),
+    }
+
+
+DISTRIBUTIONS = _distributions()
+
+
+def _distribution_problem(x: torch.Tensor, support, cdf: dict, mean: float, variance: float) -> str | None:
+    """Why `x` (float64 on the CPU) cannot come from the distribution, or None."""
+    n = x.numel()
+    if not support(x):
+        return f"values outside the distribution's support (min {x.min().item():.6g}, max {x.max().item():.6g})"
+    for threshold, p in cdf.items():
+        got = (x <= threshold).double().mean().item()
+        bound = SIGMAS * (p * (1 - p) / n) ** 0.5
+        if abs(got - p) > bound:
+            return f"{got:.4f} of the values are <= {threshold:.4g}, expected {p:.4f} (+- {bound:.4f})"
+    got_mean = x.mean().item()
+    bound = SIGMAS * (variance / n) ** 0.5
+    if abs(got_mean - mean) > bound:
+        return f"mean {got_mean:.5g}, expected {mean:.5g} (+- {bound:.2g})"
+    # The sample variance's standard deviation, from the sample's fourth
+    # central moment (no distribution assumed).
+    centered = x - x.mean()
+    got_variance = centered.square().mean().item()
+    fourth = centered.pow(4).mean().item()
+    bound = SIGMAS * (max(fourth - got_variance ** 2, 0.0) / n) ** 0.5 + 1e-12
+    if abs(got_variance - variance) > bound:
+        return f"variance {got_variance:.5g}, expected {variance:.5g} (+- {bound:.2g})"
+    return None
+
+
+# decides RG-DIST-001.1
+@contract("RG-DIST-001")
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_random_operators_draw_from_their_distribution(name, mod, dt, n):
+    """The numbers of each random operator on the device have its
+    distribution: support, probabilities at several thresholds, mean and
+    variance, within 8 standard deviations for 131,072 draws (a correct
+    backend fails by chance with probability below 1e-14)."""
+    make, support, cdf, mean, variance = DISTRIBUTIONS[name]
+    device = f"{dt}:{n - 1}"
+    mod.manual_seed_all(1234)
+    x = must(lambda: make(device), f"{name} on {device}")
+    check("RG-DIST-001.1", x.device == torch.device(device), f"{name} on {device} returned a tensor on {x.device}")
+    problem = _distribution_problem(x.cpu().double(), support, cdf, mean, variance)
+    check("RG-DIST-001.1", problem is None, lambda: f"{name} on {device}: {problem}")
+
+
+# Random operators given arguments they must refuse, and the calls.
+REFUSED_DRAWS = {
+    "torch.randint(5, 3)": lambda d: torch.randint(5, 3, (16,), device=d),
+    "Tensor.uniform_(1, 0)": lambda d: torch.empty(16, device=d).uniform_(1.0, 0.0),
+    "Tensor.normal_(0, -1)": lambda d: torch.empty(16, device=d).normal_(0.0, -1.0),
+    "Tensor.bernoulli_(1.5)": lambda d: torch.empty(16, device=d).bernoulli_(1.5),
+    "torch.multinomial(negative weights)": lambda d: torch.multinomial(torch.tensor([1.0, -1.0], device=d), 4,
+                                                                       replacement=True),
+}
+
+
+# decides RG-DIST-001.2
+@contract("RG-DIST-001")
+@pytest.mark.parametrize("name", list(REFUSED_DRAWS))
+def test_refused_random_operators_leave_the_generator(name, mod, dt, n):
+    """A random operator that refuses its arguments (on the CPU it raises
+    before it draws) leaves the device's generator as it was: its state
+    afterwards is the state before, and the next numbers are those a run
+    without the refused call draws."""
+    device = f"{dt}:{n - 1}"
+    index = n - 1
+    try:
+        REFUSED_DRAWS[name]("cpu")
+    except (RuntimeError, ValueError):
+        pass
+    else:  # pragma: no cover - depends on torch
+        inconclusive(f"{name} does not raise on the CPU in this torch: nothing to compare with")
+    mod.manual_seed_all(4321)
+    before = must(lambda: mod.get_rng_state(index), f"get_rng_state({index})")
+    expected = must(lambda: torch.rand(64, device=device).cpu(), f"torch.rand on {device}")
+    mod.set_rng_state(before, index)
+    refused = False
+    try:
+        REFUSED_DRAWS[name](device)
+        torch.accelerator.synchronize(index)
+    except (RuntimeError, ValueError):
+        refused = True
+    check("RG-DIST-001.2", refused, f"{name} on {device} did not raise; on the CPU it raises")
+    after = mod.get_rng_state(index)
+    check("RG-DIST-001.2", torch.equal(after, before),
+          f"{name} on {device} raised but changed the device's generator state: a refused call must not draw")
+    got = must(lambda: torch.rand(64, device=device).cpu(), f"torch.rand on {device} after the refused {name}")
+    check("RG-DIST-001.2", torch.equal(got, expected),
+          f"after the refused {name} on {device}, torch.rand draws other numbers than without it")

@@ -708,6 +708,43 @@ def test_hooks_validate_bad_indices_like_the_module(mod, cxx, n):
 # ----------------------------------------------------------------- resize
 
 
+# decides HK-RESIZE-001.5
+@contract("HK-RESIZE-001")
+def test_tensor_resize_at_an_offset(dt, n):
+    """Tensor.resize_ of a tensor that starts at a storage offset, as on the
+    CPU: the offset stays, the strides become contiguous, and the storage
+    holds the offset and the new size (grown where it must, the elements it
+    had kept, the new ones writable), within the storage and past its end."""
+    device = torch.device(dt, n - 1)
+    clause = "HK-RESIZE-001.5"
+    for shape in ((3, 4), (10, 5)):
+        cpu = torch.arange(48, dtype=torch.float32)[4:14]
+        t = torch.arange(48, dtype=torch.float32).to(device)[4:14]
+        what = f"Tensor.resize_({shape}) of a tensor at storage offset 4 of a 48-element storage"
+        cpu.resize_(shape)
+        with scope(clause):
+            must(lambda: t.resize_(shape), what)
+        layout = (tuple(t.shape), t.stride(), t.storage_offset())
+        expected = (tuple(cpu.shape), cpu.stride(), cpu.storage_offset())
+        check(clause, layout == expected, f"{what}: shape, strides, offset {layout}, on the CPU {expected}")
+        needed = (4 + cpu.numel()) * 4
+        nbytes = t.untyped_storage().nbytes()
+        check(clause, nbytes >= needed,
+              f"{what}: its storage has {nbytes} bytes, but the tensor ends at byte {needed} (the CPU's storage has "
+              f"{cpu.untyped_storage().nbytes()}): the offset must count when the storage grows")
+        kept = min(cpu.numel(), 44)  # the elements that were in the storage before
+        got = t.cpu().reshape(-1)[:kept]
+        check(clause, torch.equal(got, cpu.reshape(-1)[:kept]),
+              f"{what}: the elements the storage had read {got.tolist()}, on the CPU {cpu.reshape(-1)[:kept].tolist()}")
+        with scope(clause):
+            must(lambda: t.fill_(7.0), f"writing every element after {what}")
+        check(clause, torch.equal(t.cpu(), torch.full(shape, 7.0)),
+              f"after {what}, the tensor's new elements are not writable")
+        head = torch.empty(0, device=device).set_(t.untyped_storage(), 0, (4,))
+        check(clause, torch.equal(head.cpu(), torch.arange(4, dtype=torch.float32)),
+              f"after {what}, the storage's elements before the offset changed")
+
+
 @contract("HK-RESIZE-001")
 @pytest.mark.parametrize("via", ["UntypedStorage.resize_", "hooks resizePrivateUse1Bytes"])
 def test_storage_resize_keeps_the_prefix(via, dt, n, mod, cxx):

@@ -27,6 +27,7 @@ contract = pytest.mark.contract
 CLAUSE_RESULTS = "DI-INDUCTOR-001.1"
 CLAUSE_DEVICE = "DI-INDUCTOR-001.2"
 CLAUSE_STREAM = "DI-INDUCTOR-001.3"
+CLAUSE_SCALARS = "DI-INDUCTOR-001.4"
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 
 
@@ -154,3 +155,66 @@ def test_compiled_kernels_run_on_the_current_stream(dt, backend, consumer_is_cur
     check_producer_consumer(dt, backend, None, consumer_is_current, CLAUSE_STREAM,
                             "a compiled (Inductor) function called on a stream that waits for the producer",
                             consume=compiled_consumer(dt))
+
+
+def _optimizers(params):
+    """The common optimizers, each over its own parameters, as training
+    code keeps them: SGD with momentum, Adam and AdamW (whose step counters
+    are 0-dim CPU tensors unless capturable=True)."""
+    return [torch.optim.SGD(params[0:1], lr=0.1, momentum=0.9),
+            torch.optim.Adam(params[1:2], lr=0.01),
+            torch.optim.AdamW(params[2:3], lr=0.01, weight_decay=0.1)]
+
+
+# decides DI-INDUCTOR-001.4
+@contract("DI-INDUCTOR-001")
+def test_compiled_code_reads_host_scalars(dt):
+    """PyTorch's type promotion lets 0-dim CPU tensors (host scalars) mix
+    with device tensors, and compiled code must take them as eager code
+    does: a compiled function of a device tensor and a host scalar gives
+    eager's result, also after the scalar changed in place (its value at
+    each call, not the first); and compiled training steps of SGD with
+    momentum, Adam and AdamW (whose step counters are host scalars) update
+    their parameters as the same optimizers do in eager mode, step after
+    step."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(64).to(dt)
+    scalar = torch.tensor(2.0)
+    compiled = torch.compile(lambda t, s: t * s + 1)
+    for value in (2.0, -3.0):
+        scalar.fill_(value)
+        what = f"a compiled function of a {dt} tensor and a 0-dim CPU tensor holding {value}"
+        with scope(CLAUSE_SCALARS):
+            got = must(lambda: compiled(x, scalar).cpu(), what)
+        expected = x.cpu() * value + 1
+        check(CLAUSE_SCALARS, torch.allclose(got, expected, **TOLERANCE),
+              lambda: f"{what} returned values up to {(got - expected).abs().max().item():.3g} from eager's")
+
+    torch.manual_seed(0)
+    initial = [torch.randn(8, 4) for _ in range(3)]
+    grads = [[torch.randn(8, 4) for _ in range(3)] for _ in range(2)]
+    eager_params = [p.to(dt).requires_grad_() for p in initial]
+    compiled_params = [p.to(dt).requires_grad_() for p in initial]
+    eager_opts, compiled_opts = _optimizers(eager_params), _optimizers(compiled_params)
+
+    @torch.compile
+    def compiled_step():
+        for optimizer in compiled_opts:
+            optimizer.step()
+
+    names = ["SGD (momentum 0.9)", "Adam", "AdamW"]
+    for number, step_grads in enumerate(grads, 1):
+        for p, q, g in zip(eager_params, compiled_params, step_grads):
+            p.grad, q.grad = g.to(dt), g.to(dt)
+        for optimizer in eager_opts:
+            optimizer.step()
+        what = f"step {number} of compiled SGD, Adam and AdamW on {dt} parameters"
+        with scope(CLAUSE_SCALARS):
+            must(compiled_step, what)
+        for name, p, q in zip(names, eager_params, compiled_params):
+            got, expected = q.detach().cpu(), p.detach().cpu()
+            check(CLAUSE_SCALARS, torch.allclose(got, expected, rtol=1e-5, atol=1e-6),
+                  lambda: f"{what}: {name}'s parameters differ from eager's by up to "
+                          f"{(got - expected).abs().max().item():.3g}")

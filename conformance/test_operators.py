@@ -152,6 +152,9 @@ def _sdpa_cases():
         ("scale", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 8), {"scale": 0.3}),
         ("3-d", (3, 4, 8), (3, 6, 8), (3, 6, 8), {}),
         ("head-transposed", (2, 4, 3, 8), (2, 5, 3, 8), (2, 5, 3, 8), {"transpose": True}),
+        # values of another width than queries and keys: the default scale is
+        # the query's (1 / sqrt(8)), the output has the value's width
+        ("value-width", (2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6), {"is_causal": True}),
     ]
 
 
@@ -265,8 +268,9 @@ def test_sdpa_chooses_the_overrideable_kernel(dt, n):
 
 # decides OP-SDPA-002.2
 @contract("OP-SDPA-002")
-@pytest.mark.parametrize("case", [c for c in SDPA_CASES if c[0] in ("plain", "causal", "float-mask", "scale")],
-                         ids=["plain", "causal", "float-mask", "scale"])
+@pytest.mark.parametrize("case", [c for c in SDPA_CASES if c[0] in ("plain", "causal", "float-mask", "scale",
+                                                                   "value-width")],
+                         ids=["plain", "causal", "float-mask", "scale", "value-width"])
 def test_overrideable_kernel_matches_cpu(case, dt, n):
     """The kernel called directly (as attention.cpp calls it, a float mask
     as attn_bias) against CPU's scaled_dot_product_attention, forward and

@@ -37,6 +37,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # decides OP-INFO-001.1
 # decides OP-INFO-001.2
+# decides OP-INFO-001.4
 # decides OP-INFO-002.1
 # decides OP-INFO-002.2
 # decides OP-INFO-002.3

@@ -19,6 +19,8 @@ import torch
 
 from ._async import (SCALES, Load, check_producer_consumer, current_streams, default_streams, hold, new_stream, poll,
                      running_task, unobserved, waited)
+from privateuse1_conformance.harness.evidence import not_applicable
+
 from ._helpers import check, in_thread, must, scope
 
 contract = pytest.mark.contract
@@ -126,6 +128,45 @@ def test_stream_priorities(dt):
             must(s.synchronize, f"Stream.synchronize() of a stream created with priority {priority}")
         check("ST-PRIO-001.2", load.is_final(target), f"a stream created with (clamped) priority {priority} does not "
                                                       "run work")
+
+
+# decides ST-PRIO-001.3
+@contract("ST-PRIO-001")
+def test_stream_priorities_read_back(mod, dt):
+    """Where the device module's Stream class reports priorities, as
+    torch.cuda.Stream does (`priority`, `priority_range()`), they are read
+    back: priority_range() is (least, greatest) with greatest <= least (lower
+    numbers are higher priorities), a stream created with a priority in the
+    range reports it, and one created with a priority outside it reports a
+    priority inside it (or was refused)."""
+    clause = "ST-PRIO-001.3"
+    stream_class = getattr(mod, "Stream", None)
+    if stream_class is None or not hasattr(stream_class, "priority_range") or not hasattr(stream_class, "priority"):
+        not_applicable(clause, "the device module's Stream class does not report priorities (no Stream.priority and "
+                               "Stream.priority_range(), as torch.cuda.Stream has): nothing to read back")
+        return
+    bounds = must(stream_class.priority_range, "the module's Stream.priority_range()")
+    check(clause, isinstance(bounds, tuple) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
+          and bounds[1] <= bounds[0],
+          f"Stream.priority_range() returned {bounds!r}: it must be (least, greatest) priority, two ints with "
+          "greatest <= least (lower numbers are higher priorities, as CUDA's (0, -5))")
+    least, greatest = bounds
+    for priority in sorted({least, greatest, (least + greatest) // 2}):
+        with scope(clause):
+            s = must(lambda: stream_class(device=torch.device(dt, 0), priority=priority),
+                     f"the module's Stream(priority={priority})")
+        got = must(lambda: s.priority, f"Stream(priority={priority}).priority")
+        check(clause, got == priority, f"a stream created with priority {priority} (in priority_range() {bounds}) "
+                                       f"reports priority {got}")
+    for priority in (greatest - 100, least + 100):
+        try:
+            s = stream_class(device=torch.device(dt, 0), priority=priority)
+        except (RuntimeError, ValueError):
+            continue  # refused: ST-PRIO-001.2's choice
+        got = must(lambda: s.priority, f"Stream(priority={priority}).priority")
+        check(clause, isinstance(got, int) and greatest <= got <= least,
+              f"a stream created with priority {priority}, outside priority_range() {bounds}, reports priority {got}: "
+              "a priority outside the range is clamped into it")
 
 
 # ------------------------------------------------------------ current stream

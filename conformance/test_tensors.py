@@ -318,6 +318,68 @@ def test_views_share_storage_like_cpu(name, make, writable, dt, n):
     assert torch.equal(base.cpu(), cpu), f"after fill_ on {name}, the base differs from CPU"
 
 
+# The same view operator applied to tensors that differ only in layout:
+# (name, view, the two tensors of one storage of 48 elements). A backend that
+# caches answers by its arguments' metadata (OpenReg's asynchronous path
+# does) must key them by all of it.
+SAME_STORAGE_PAIRS = {
+    "a tensor and its transpose": (lambda t: t.view(6, 8)[:, :6], lambda t: t.view(6, 8)[:, :6].t()),
+    "two slices of one storage": (lambda t: t[0:24].view(4, 6), lambda t: t[12:36].view(4, 6)),
+    "two strided slices of one storage": (lambda t: t[0::2].view(4, 6), lambda t: t[1::2].view(4, 6)),
+}
+LAYOUT_VIEWS = [
+    ("unfold(1, 2, 1)", lambda t: t.unfold(1, 2, 1)),
+    ("diagonal()", lambda t: t.diagonal()),
+    ("select(0, 1)", lambda t: t.select(0, 1)),
+    ("narrow(1, 1, 3)", lambda t: t.narrow(1, 1, 3)),
+    ("t()", lambda t: t.t()),
+    ("unsqueeze(1)", lambda t: t.unsqueeze(1)),
+    ("unbind(0)", lambda t: t.unbind(0)),
+    ("split(2, 1)", lambda t: t.split(2, 1)),
+    ("as_strided((2, 2), (1, 3))", lambda t: t.as_strided((2, 2), (1, 3))),
+    ("view_as_real of a complex view", lambda t: torch.view_as_real(t[:, :4].view(torch.complex64))),
+]
+
+
+def _views_of(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+# decides TP-VIEW-001.7
+@contract("TP-VIEW-001")
+@pytest.mark.parametrize("pair", list(SAME_STORAGE_PAIRS))
+def test_views_of_tensors_that_differ_only_in_layout(pair, dt, n):
+    """Each view operator, called on one tensor and then on another of the
+    same storage, dtype and shape that differs only in strides or storage
+    offset, gives each the CPU's layout and values: the second call must not
+    reuse what the first one answered."""
+    device = torch.device(dt, n - 1)
+    clause = "TP-VIEW-001.7"
+    first, second = SAME_STORAGE_PAIRS[pair]
+    cpu = torch.arange(48, dtype=torch.float32)
+    base = cpu.to(device)
+    for name, view in LAYOUT_VIEWS:
+        for which, make in (("first", first), ("second", second)):
+            source_cpu = make(cpu)
+            try:
+                expected = _views_of(view(source_cpu))
+            except RuntimeError:
+                continue  # the CPU rejects this layout: no evidence
+            source = make(base)
+            what = f"{name} of the {which} of {pair} {tuple(source.shape)}, strides {source.stride()}, offset " \
+                   f"{source.storage_offset()}"
+            with scope(clause):
+                got = _views_of(must(lambda: view(source), what))
+            check(clause, len(got) == len(expected), f"{what} returned {len(got)} tensors, on CPU {len(expected)}")
+            for k, (g, e) in enumerate(zip(got, expected)):
+                layout = (tuple(g.shape), g.stride(), g.storage_offset())
+                wanted = (tuple(e.shape), e.stride(), e.storage_offset())
+                check(clause, layout == wanted, f"{what}: view {k} has (shape, strides, offset) {layout}, on CPU {wanted}")
+                check(clause, g.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(),
+                      f"{what}: view {k} does not share the storage")
+                check(clause, torch.equal(g.cpu(), e), f"{what}: view {k} reads {g.cpu().tolist()}, on CPU {e.tolist()}")
+
+
 # decides TP-VIEW-001.4 TP-VIEW-001.6
 @contract("TP-VIEW-001")
 def test_set_and_storage_offsets(dt, n):
@@ -346,9 +408,29 @@ def test_set_and_storage_offsets(dt, n):
         f"set_(storage, 7, (2, 4)) gave offset {t.storage_offset()}, strides {t.stride()} on {t.device}"
     assert t.data_ptr() == base.data_ptr() + 7 * 4, "set_(storage, 7, size): data_ptr() is not storage + 28 bytes"
     assert torch.equal(t.cpu(), expected), f"set_(storage, 7, size) reads {t.cpu()}, on CPU {expected}"
+    # set_(storage) compared with the CPU's (not with the storage's size
+    # afterwards, which a set_ that resizes the storage changes too).
     every = must(lambda: torch.empty(0, device=device).set_(storage), "Tensor.set_(storage)")
-    assert every.data_ptr() == base.data_ptr() and every.numel() == storage.nbytes() // 4, \
-        "Tensor.set_(storage) does not view the whole storage"
+    expected = torch.empty(0).set_(cpu.untyped_storage())
+    assert every.data_ptr() == base.data_ptr() and every.shape == expected.shape \
+        and storage.nbytes() == cpu.untyped_storage().nbytes(), (
+            f"Tensor.set_(storage of {cpu.untyped_storage().nbytes()} bytes) gave shape {tuple(every.shape)} and a "
+            f"storage of {storage.nbytes()} bytes; on CPU shape {tuple(expected.shape)} and the storage unchanged")
+    assert torch.equal(every.cpu(), expected), "Tensor.set_(storage) reads other values than on CPU"
+
+    # set_(tensor) takes the source's sizes, strides and offset, also those
+    # of a non-contiguous view.
+    for what, view in (("a contiguous tensor", lambda t: t), ("a strided view at an offset", lambda t: t.view(6, 8)[1:, 1::3]),
+                       ("a transposed view", lambda t: t.view(6, 8).t())):
+        source, cpu_source = view(base), view(cpu.clone())
+        target = must(lambda: torch.empty(3, device=device).set_(source), f"Tensor.set_(tensor) with {what}")
+        expected = torch.empty(3).set_(cpu_source)
+        layout = (tuple(target.shape), target.stride(), target.storage_offset())
+        assert layout == (tuple(expected.shape), expected.stride(), expected.storage_offset()), (
+            f"Tensor.set_(tensor) with {what}: sizes, strides, offset {layout}, on CPU "
+            f"{(tuple(expected.shape), expected.stride(), expected.storage_offset())}")
+        assert target.data_ptr() == source.data_ptr() and torch.equal(target.cpu(), expected), \
+            f"Tensor.set_(tensor) with {what} does not read the source's elements"
 
     whole = must(lambda: torch.empty(3, device=device).set_(base), "Tensor.set_(tensor)")
     assert whole.data_ptr() == base.data_ptr() and torch.equal(whole.cpu(), cpu)
@@ -362,6 +444,74 @@ def test_set_and_storage_offsets(dt, n):
     base.fill_(-1)
     assert torch.equal(copy.cpu(), torch.full((8,), 2.0)) and torch.equal(clone.cpu(), torch.full((48,), 2.0)), \
         "a copy made by contiguous()/clone() changed when its source was written"
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Shape and the strides that matter (not those of dimensions of size 1)."""
+    return tuple(t.shape), tuple(None if size == 1 else stride for size, stride in zip(t.shape, t.stride()))
+
+
+FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+# decides TP-FORMAT-001.1 TP-FORMAT-001.2 TP-FORMAT-001.3
+@contract("TP-FORMAT-001")
+def test_memory_formats_match_cpu(dt, n):
+    """Factories and conversions that take a memory format give device
+    tensors the strides they give CPU tensors: torch.empty with each format,
+    the *_like factories of channels-last, permuted and non-dense tensors
+    with preserve_format and with each format, contiguous(memory_format)
+    and to(memory_format)."""
+    device = torch.device(dt, n - 1)
+    torch.manual_seed(0)
+
+    def compare(clause: str, what: str, make) -> None:
+        expected = make("cpu")
+        got = must(lambda: make(device), f"{what} on {device}")
+        check(clause, got.device == device, f"{what} on {device} returned a tensor on {got.device}")
+        check(clause, _layout(got) == _layout(expected),
+              lambda: f"{what}: shape and strides {tuple(got.shape)}, {got.stride()} on the device, "
+                      f"{tuple(expected.shape)}, {expected.stride()} on the CPU")
+
+    for shape in ((2, 3, 4, 5), (2, 3, 2, 4, 5)):
+        formats = [torch.contiguous_format, FORMATS[len(shape)]]
+        for fmt in formats:
+            with scope("TP-FORMAT-001.1"):
+                compare("TP-FORMAT-001.1", f"torch.empty({shape}, memory_format={fmt})",
+                        lambda d, fmt=fmt: torch.empty(shape, memory_format=fmt, device=d))
+        cpu = torch.randn(shape)
+        sources = {
+            "a channels-last tensor": lambda d: cpu.to(d).contiguous(memory_format=FORMATS[len(shape)]),
+            "a permuted dense tensor": lambda d: cpu.to(d).transpose(1, -1),
+            "a non-dense slice": lambda d: cpu.to(d)[..., ::2],
+        }
+        factories = {
+            "empty_like": lambda t, **kw: torch.empty_like(t, **kw),
+            "zeros_like": lambda t, **kw: torch.zeros_like(t, **kw),
+            "ones_like": lambda t, **kw: torch.ones_like(t, **kw),
+            "full_like": lambda t, **kw: torch.full_like(t, 2.5, **kw),
+            "rand_like": lambda t, **kw: torch.rand_like(t, **kw),
+        }
+        for source_name, source in sources.items():
+            for factory_name, factory in factories.items():
+                for fmt in [torch.preserve_format, *formats]:
+                    what = f"torch.{factory_name}({source_name} of shape {shape}, memory_format={fmt})"
+                    with scope("TP-FORMAT-001.2"):
+                        compare("TP-FORMAT-001.2", what,
+                                lambda d, fmt=fmt, make=source, f=factory: f(make(d), memory_format=fmt))
+                    if factory_name in ("zeros_like", "ones_like", "full_like"):
+                        got = factory(source(device), memory_format=fmt).cpu()
+                        check("TP-FORMAT-001.2", torch.equal(got, factory(source("cpu"), memory_format=fmt)),
+                              f"{what} holds other values than on the CPU")
+            for fmt in formats:
+                for verb, convert in (("contiguous", lambda t, fmt=fmt: t.contiguous(memory_format=fmt)),
+                                      ("to", lambda t, fmt=fmt: t.to(memory_format=fmt))):
+                    what = f"Tensor.{verb}(memory_format={fmt}) of {source_name} of shape {shape}"
+                    with scope("TP-FORMAT-001.3"):
+                        compare("TP-FORMAT-001.3", what, lambda d, make=source, c=convert: c(make(d)))
+                    got = convert(source(device)).cpu()
+                    check("TP-FORMAT-001.3", torch.equal(got, convert(source("cpu"))),
+                          f"{what} holds other values than on the CPU")
 
 
 # decides TP-VIEW-001.5

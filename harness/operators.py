@@ -96,6 +96,7 @@ CELLS_PROPERTY = "operator_cells"
 CHECK_CLAUSES = {
     "forward": "OP-INFO-001.1",
     "noncontiguous": "OP-INFO-001.2",
+    "layout": "OP-INFO-001.4",
     "out": "OP-INFO-002.1",
     "out-device": "OP-INFO-002.3",
     "inplace": "OP-INFO-002.2",

@@ -285,7 +285,7 @@ def evidence_verdict(verdicts: list[Verdict]) -> Verdict | None:
 @dataclass
 class OperatorCell:
     """One dtype of one operator in the operator matrix: each check's verdict
-    (forward, noncontiguous, out, out-device, inplace, backward, errors: see
+    (forward, layout, noncontiguous, out, out-device, inplace, backward, errors: see
     docs/operators.md) and, where it is not a pass, why."""
 
     dtype: str                 # "float32"; "any" for the error checks; "all" when the whole operator is unclaimed

@@ -133,9 +133,35 @@ def test_a_kernel_refuses_host_tensors():
     assert out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
     with pytest.raises(TypeError, match="argument 1 is on cpu"):
         launcher(x, torch.empty(4), 4)
+    # A 0-dim CPU tensor the kernel would write is refused too (its value
+    # travels to the kernel; nothing would come back).
+    with pytest.raises(TypeError, match="argument 1 is a CPU tensor the kernel writes"):
+        launcher(x, torch.tensor(0.0), 4)
     if torch.openreg.device_count() > 1:
         with pytest.raises(RuntimeError, match="argument 1 is on openreg:1"):
             launcher(x, torch.empty(4, device="openreg:1"), 4)
+
+
+def test_a_kernel_takes_host_scalars_by_value():
+    """A 0-dim CPU tensor next to OpenReg tensors is read at the launch, as a
+    GPU kernel's by-value argument: changing it afterwards, before the
+    kernel ran, does not change what the kernel computes."""
+    launcher = _inductor.compile(
+        ["const float*", "const float*", "float*", "const int64_t"],
+        '#include <torch/csrc/inductor/cpp_prefix.h>\n'
+        'extern "C" void kernel(const float* in_ptr0, const float* in_ptr1, float* out_ptr0, const int64_t n)\n'
+        '{ for (int64_t i = 0; i < n; ++i) out_ptr0[i] = in_ptr0[i] * in_ptr1[0]; }\n')
+    x = torch.arange(4.0, device="openreg")
+    out = torch.empty(4, device="openreg")
+    scalar = torch.tensor(3.0)
+    stream = torch.openreg.current_stream()
+    gate = block_stream(stream)
+    try:
+        launcher(x, scalar, out, 4)
+        scalar.fill_(-1.0)  # before the kernel runs
+    finally:
+        gate()
+    assert out.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
 
 
 MIXED = """

@@ -138,7 +138,9 @@ sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& v
   const at::ScalarType ct = compute_type(query);
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct);
   const at::Tensor bias = attn_bias.has_value() ? *attn_bias : at::Tensor();
-  const at::Tensor s = scores(q, k, bias, is_causal, scale_of(query, scale));
+  // Mutant sdpa-scale-from-value-width: the default scale taken from the value's width.
+  const at::Tensor s = scores(q, k, bias, is_causal,
+                              scale_of(mutant::is("sdpa-scale-from-value-width") ? value : query, scale));
   const at::Tensor row_lse = at::logsumexp(s, -1);
   const at::Tensor p = probabilities(s, row_lse);
   // The shapes, dtypes and layout PyTorch's meta kernel promises (what
@@ -172,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   const at::ScalarType ct = compute_type(query);
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct), g = grad_out.to(ct);
-  const double factor = scale_of(query, scale);
+  const double factor = scale_of(mutant::is("sdpa-scale-from-value-width") ? value : query, scale);
   const at::Tensor s = scores(q, k, attn_bias, is_causal, factor);
   const at::Tensor p = probabilities(s, logsumexp);
   // d(softmax): dS = P * (dP - rowsum(P * dP)).

@@ -273,7 +273,8 @@ at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
     return device_view(*storage, t, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1));
   }
   const auto options = t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device));
-  at::Tensor result = t.is_non_overlapping_and_dense()
+  // Mutant results-always-contiguous: results lose the layout the CPU kernel gave them.
+  at::Tensor result = t.is_non_overlapping_and_dense() && !mutant::is("results-always-contiguous")
       ? at::empty_strided(t.sizes(), t.strides(), options)
       : at::empty(t.sizes(), options);
   result.copy_(t);
@@ -320,6 +321,9 @@ void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector
   } else if (mutant::is("opinfo-addcmul-inplace-off-by-one") && schema.name() == "aten::addcmul_" &&
              result.is_floating_point()) {
     result.add_(1);  // the in-place kernel only (see the registration of addcmul_ below)
+  } else if (mutant::is("opinfo-exp-float64-in-float32") && schema.name() == "aten::exp" && args[0].isTensor() &&
+             result.scalar_type() == at::kDouble) {
+    result.copy_(args[0].toTensor().to(at::kFloat).exp());  // float64 computed at float32's precision
   } else if (mutant::is("opinfo-index-select-out-off-by-one") && schema.name() == "aten::index_select" &&
              schema.overload_name() == "out" && result.is_floating_point()) {
     result.add_(1);  // index_select has its own out= kernel: only out= is wrong
@@ -716,11 +720,13 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
         const int group = group_of_storage.emplace(t.storage().unsafeGetStorageImpl(), ref).first->second;
         q.refs.push_back(ref);
         q.cpu.emplace_back();
+        // Mutants async-key-ignores-offset and async-key-ignores-strides: answers meet across layouts.
         key.insert(key.end(), {1, ref, group, static_cast<int64_t>(t.storage().nbytes()),
-                               static_cast<int64_t>(t.scalar_type()), t.dim(), t.storage_offset(),
+                               static_cast<int64_t>(t.scalar_type()), t.dim(),
+                               mutant::is("async-key-ignores-offset") ? 0 : t.storage_offset(),
                                t.is_conj(), t.is_neg()});
         key.insert(key.end(), t.sizes().begin(), t.sizes().end());
-        key.insert(key.end(), t.strides().begin(), t.strides().end());
+        if (!mutant::is("async-key-ignores-strides")) key.insert(key.end(), t.strides().begin(), t.strides().end());
         return;
       }
       // A CPU scalar next to device tensors: copied now, since the caller may
@@ -934,7 +940,9 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
       queued_outputs.push_back({r, element, g.view_of, true});
       return device_tensor_with(ref_tensors[g.view_of].storage(), g);
     }
-    at::Tensor result = at::empty_strided(g.sizes, g.strides, options.dtype(g.dtype));
+    at::Tensor result = mutant::is("results-always-contiguous")
+        ? at::empty(g.sizes, options.dtype(g.dtype))
+        : at::empty_strided(g.sizes, g.strides, options.dtype(g.dtype));
     const int ref = static_cast<int>(refs.size());
     refs.emplace_back(result);
     queued_outputs.push_back({r, element, ref, false});
@@ -1115,7 +1123,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   bool raised = true;
   const auto give_back = c10::make_scope_exit([&] {
-    if (!raised) return;
+    // Mutant refused-random-op-draws: the words handed out stay drawn.
+    if (!raised || mutant::is("refused-random-op-draws")) return;
     for (auto it = generators.rbegin(); it != generators.rend(); ++it) {
       if (it->undo) it->undo();
     }

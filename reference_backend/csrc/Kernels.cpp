@@ -48,7 +48,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_of(device)));
   return at::detail::empty_generic(size, device_allocator(),
                                    c10::DispatchKeySet(kKey),
-                                   c10::dtype_or_default(dtype), memory_format);
+                                   c10::dtype_or_default(dtype),
+                                   // Mutant empty-ignores-memory-format: every tensor is contiguous.
+                                   mutant::is("empty-ignores-memory-format") ? std::nullopt : memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -85,8 +87,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   // (softmax(x, out=non_contiguous) resizes its out= to the size it has).
   if (!impl->sizes().equals(size) || mutant::is("resize-same-size-restrides")) {
     const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
+    // Mutant resize-ignores-offset: the storage is grown for the new size from its start.
     const size_t needed = at::detail::computeStorageNbytesContiguous(
-        size, itemsize, self.storage_offset());
+        size, itemsize, mutant::is("resize-ignores-offset") ? 0 : self.storage_offset());
     ensure_storage_bytes(self, needed);
     impl->set_sizes_contiguous(size);
   }
@@ -128,7 +131,8 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
 
 at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
-  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  // Mutant set-storage-counts-bytes: the storage's bytes taken for its elements.
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / (mutant::is("set-storage-counts-bytes") ? 1 : itemsize);
   return set_storage(self, std::move(source), 0, {numel}, {});
 }
 
@@ -141,8 +145,9 @@ at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
   if (self.is_same(source)) return self;
-  return set_storage(self, source.storage(), source.storage_offset(),
-                     source.sizes(), source.strides());
+  // Mutant set-tensor-drops-strides: the source's strides are replaced by contiguous ones.
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(),
+                     mutant::is("set-tensor-drops-strides") ? c10::IntArrayRef() : source.strides());
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
@@ -407,7 +412,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   const double keep = 1.0 - p;
   const double scale = keep == 0 ? 0.0 : 1.0 / keep;
   at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
-  mask.bernoulli_(keep);
+  // Mutant dropout-keeps-with-p: the probability of dropping taken for that of keeping.
+  mask.bernoulli_(mutant::is("dropout-keeps-with-p") ? p : keep);
   return {input.mul(mask).mul_(scale), mask};
 }
 

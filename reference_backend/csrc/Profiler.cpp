@@ -43,7 +43,10 @@ struct OpenRegProfilerStubs final : ProfilerStubs {
       orEvent_t created = nullptr;
       if (orEventCreate(&created) != orSuccess) return;
       event->reset(created, &destroy_event);
-      if (orEventRecord(created, native_stream(current_stream(index))) != orSuccess) event->reset();
+      // Mutant profiler-records-on-default-stream: the caller's current stream is ignored.
+      const c10::Stream stream =
+          mutant::is("profiler-records-on-default-stream") ? default_stream(index) : current_stream(index);
+      if (orEventRecord(created, native_stream(stream)) != orSuccess) event->reset();
     } catch (...) {
       if (event != nullptr) event->reset();  // the operator gets no device time
     }

@@ -137,6 +137,8 @@ orStream_t native_stream(const c10::Stream& stream) {
 
 int stream_priority(const c10::Stream& stream) {
   native_stream(stream);
+  // Mutant stream-priority-reads-least: every stream reports the least priority.
+  if (mutant::is("stream-priority-reads-least")) return kLeastPriority;
   return stream.id() >> kSlotBits == 2 ? kGreatestPriority : kLeastPriority;
 }
 

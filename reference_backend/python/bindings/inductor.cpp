@@ -12,6 +12,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstring>
 #include <exception>
 #include <sstream>
 #include <string>
@@ -25,6 +26,19 @@ int describe_tensor(PyObject* object, const char* kernel_name, int argument, Ope
     return -1;
   }
   const at::Tensor& t = THPVariable_Unpack(object);
+  if (t.device().is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided &&
+      !openreg::mutant::is("inductor-host-scalars-refused")) {
+    // A host scalar: its value now, as a GPU kernel's by-value argument (the
+    // host may change the tensor before the kernel runs, as an optimizer
+    // increments its step counter).
+    const at::Tensor resolved = t.resolve_conj().resolve_neg();
+    TORCH_INTERNAL_ASSERT(resolved.nbytes() <= sizeof(out->value));
+    *out = OpenRegInductorTensor{};
+    out->device = -1;
+    std::memcpy(out->value, resolved.const_data_ptr(), resolved.nbytes());
+    return 0;
+  }
+  // Mutant inductor-host-scalars-refused: 0-dim CPU tensors are refused as every other CPU tensor is.
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     // A kernel of the device never reads host memory: the host may change it
     // before the kernel runs (as a CUDA kernel cannot read pageable memory).
@@ -89,6 +103,7 @@ int launch_call(int device, OpenRegInductorKernel run, void* call, void (*releas
 
 void* map_tensor(const OpenRegInductorTensor* tensor, int* failed) {
   *failed = 0;
+  if (tensor->device == -1) return const_cast<unsigned char*>(tensor->value);  // a host scalar, by value
   if (tensor->storage == nullptr || tensor->storage_nbytes == 0) return nullptr;
   void* accessible = nullptr;
   const orError_t status = orKernelMapPointer(tensor->storage, tensor->storage_nbytes, &accessible);

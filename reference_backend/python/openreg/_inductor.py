@@ -67,9 +67,17 @@ def _binding(argtypes: list[str]) -> str:
         c_type = _c_type(argtype)
         if c_type.endswith("*"):
             fields.append(f"OpenRegInductorTensor a{n};")
+            # A host scalar (device -1, passed by value) is read only: a
+            # kernel's result written into it would be lost.
             host.append(
                 f"if (api->tensor(PyTuple_GET_ITEM(args, {n}), KERNEL_NAME, {n}, &call->a{n}) != 0) goto fail;\n"
-                f"if (device == -1) device = call->a{n}.device;\n"
+                + ("" if argtype.strip().startswith("const ") else
+                   f"if (call->a{n}.device == -1) {{\n"
+                   f"  PyErr_Format(PyExc_TypeError, \"OpenReg: Inductor kernel %s: argument {n} is a CPU tensor the "
+                   f"kernel writes; a kernel launched on an OpenReg device writes OpenReg tensors only\", KERNEL_NAME);\n"
+                   f"  goto fail;\n}}\n")
+                + f"if (call->a{n}.device == -1) {{}}\n"
+                f"else if (device == -1) device = call->a{n}.device;\n"
                 f"else if (call->a{n}.device != device) {{\n"
                 f"  PyErr_Format(PyExc_RuntimeError, \"OpenReg: Inductor kernel %s: argument {n} is on openreg:%d, "
                 f"an earlier one on openreg:%d; a kernel runs on one device\", KERNEL_NAME, call->a{n}.device, "

@@ -26,15 +26,20 @@
 extern "C" {
 #endif
 
-#define OPENREG_INDUCTOR_API_VERSION 1
+#define OPENREG_INDUCTOR_API_VERSION 2
 #define OPENREG_INDUCTOR_API_CAPSULE "openreg._C._inductor_api"
 
-// A tensor argument of a kernel call, as the kernel will reach it.
+// A tensor argument of a kernel call, as the kernel will reach it. A 0-dim
+// CPU tensor next to device tensors (PyTorch's type promotion allows it:
+// `x * torch.tensor(2.0)`, an optimizer's step counter) is passed by value,
+// as a GPU kernel gets a host scalar: its element is read at the launch into
+// `value`, and `device` is -1 (it places the kernel on no device).
 typedef struct {
-  int device;               // the OpenReg device index of its storage
-  const void* storage;      // device address of its storage (NULL if empty)
+  int device;               // the OpenReg device index of its storage; -1 for a host scalar
+  const void* storage;      // device address of its storage (NULL if empty or a host scalar)
   size_t storage_nbytes;
   ptrdiff_t offset;         // bytes from `storage` to the tensor's first element
+  unsigned char value[16];  // a host scalar's element (complex128 at most)
 } OpenRegInductorTensor;
 
 // Runs on the stream's worker: 0, or nonzero after calling fail().
@@ -43,8 +48,9 @@ typedef int (*OpenRegInductorKernel)(void* call);
 typedef struct {
   int version;  // OPENREG_INDUCTOR_API_VERSION
   // Host side, GIL held: describes `object`, which must be an OpenReg
-  // tensor. 0, or -1 with a Python exception set (a TypeError naming
-  // `argument` for anything else, a CPU tensor included).
+  // tensor or a 0-dim CPU tensor (a host scalar, read now). 0, or -1 with a
+  // Python exception set (a TypeError naming `argument` for anything else,
+  // a CPU tensor of more than 0 dimensions included).
   int (*tensor)(PyObject* object, const char* kernel_name, int argument, OpenRegInductorTensor* out);
   // Host side, GIL held: enqueues run(call) on the current stream of
   // `device` and returns at once. release(call) runs after run (on the
@@ -53,8 +59,8 @@ typedef struct {
   // message, as any OpenReg kernel does (CUDA's sticky error model).
   int (*launch)(int device, OpenRegInductorKernel run, void* call, void (*release)(void* call));
   // Worker side, inside run: the kernel-accessible address of the tensor's
-  // first element (NULL for an empty storage), or NULL after fail() when the
-  // tensor is not memory of the kernel's device.
+  // first element (NULL for an empty storage; `value` for a host scalar), or
+  // NULL after fail() when the tensor is not memory of the kernel's device.
   void* (*map)(const OpenRegInductorTensor* tensor, int* failed);
   // Worker side: the message the failing kernel leaves for the stream.
   void (*fail)(const char* message);
