@@ -56,7 +56,7 @@ def test_minimal_backend_failures_say_what_to_implement(minimal_run):
     # No allocator registered: a failure that says so, not a crash in PyTorch.
     resize = minimal_run.contract("HK-RESIZE-001")
     assert resize["verdict"] == "fail"
-    assert "no allocator is registered" in resize["tests"][0]["message"]
+    assert any("no allocator is registered" in t["message"] for t in resize["tests"]), resize["tests"]
     # No streams: the guard's default says so.
     streams = " ".join(t["message"] for t in minimal_run.contract("ST-NEW-001")["tests"])
     assert verdicts["ST-NEW-001"] == "fail" and "doesn't support create a new Stream" in streams
