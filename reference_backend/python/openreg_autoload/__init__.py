@@ -26,7 +26,6 @@ process forked after ``import torch`` can still use the devices.
 from __future__ import annotations
 
 import os
-import threading
 from importlib import metadata
 
 _GROUP = "torch.backends"
@@ -70,9 +69,6 @@ def load() -> None:
 
     claimed = torch._C._get_privateuse1_backend_name()
     if claimed != "privateuseone" or other_declarations() or _mutants.active("autoload-does-nothing"):
-        return
-    # Mutant autoload-main-thread-only: a process that imports torch first on another thread goes without.
-    if _mutants.active("autoload-main-thread-only") and threading.current_thread() is not threading.main_thread():
         return
     import openreg
 
