@@ -250,10 +250,13 @@ class Hold:
         self.release()
 
 
-def hold(backend, stream, load: Load | None = None, scale: int = 1) -> Hold:
+def hold(backend, stream, load: Load | None = None, scale: int = 1, gate: bool = True) -> Hold:
     """Hold `stream`: with the backend's gate if it has one, else by queuing
-    `scale` times `load`'s calibrated work on it (needs `load`)."""
-    block = backend.instrument("block_stream")
+    `scale` times `load`'s calibrated work on it (needs `load`). `gate`
+    False: long work even where a gate exists, for a call that may wait for
+    the device while holding the interpreter's lock (the gate's release,
+    Python code on another thread, could then never run)."""
+    block = backend.instrument("block_stream") if gate else None
     if block is not None:
         release = must(lambda: block(stream), "the instrumentation's block_stream(stream)")
         return Hold(stream, release, certain=True)

@@ -334,6 +334,21 @@ def _unlike(t: torch.Tensor) -> torch.Tensor:
     return (t.view(signed) ^ 1).view(t.dtype)
 
 
+def _misplaced(raw, sample, device: str) -> str | None:
+    """Why the device's results (`raw`, before any copy) are not all on
+    `device`, where the sample's tensors are, or None. Samples without a
+    tensor on the device, or that name a device themselves (factories,
+    `to`), are not judged here."""
+    want = torch.device(device)
+    inputs = tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+    if "device" in sample.kwargs or any(isinstance(a, torch.device) for a in inputs) \
+            or not any(isinstance(t, torch.Tensor) and t.device == want for t in inputs):
+        return None
+    tensors = [t for t in tree_flatten(raw)[0] if isinstance(t, torch.Tensor)]
+    wrong = [f"result {k} is on {t.device}" for k, t in enumerate(tensors) if t.device != want]
+    return f"{', '.join(wrong)}, not on {want} where its inputs are" if wrong else None
+
+
 def _results_to_cpu(result):
     return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, result)
 
@@ -347,14 +362,22 @@ def _comparable(value):
 
 
 def _mismatch(got, expected, atol: float, rtol: float) -> str | None:
-    """Why `got` (already on the CPU) is not `expected`, or None."""
+    """Why `got` (already on the CPU) is not `expected`, or None. Integer
+    and boolean results must be equal: no tolerance applies to them."""
     try:
         _, got_spec = tree_flatten(got)
         _, expected_spec = tree_flatten(expected)
-        dtypes = [(g.dtype, e.dtype) for g, e in zip(tree_flatten(got)[0], tree_flatten(expected)[0])
-                  if isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor)]
+        pairs = [(g, e) for g, e in zip(tree_flatten(got)[0], tree_flatten(expected)[0])
+                 if isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor)]
+        dtypes = [(g.dtype, e.dtype) for g, e in pairs]
         if any(g != e for g, e in dtypes):
             return "; ".join(f"result dtype {g}, on the CPU {e}" for g, e in dtypes if g != e)
+        for k, (g, e) in enumerate(pairs):
+            if (g.dtype == torch.bool or not (g.dtype.is_floating_point or g.dtype.is_complex)) \
+                    and g.shape == e.shape and not torch.equal(g, e):
+                differing = int((g != e).sum())
+                return (f"result {k} ({g.dtype}) differs from the CPU's in {differing} of {e.numel()} elements "
+                        f"(integers are compared exactly)")
         got, expected = _comparable(got), _comparable(expected)
         torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True, check_device=False,
                                    check_layout=False, check_stride=False)
@@ -655,7 +678,8 @@ class OperatorCheck:
                 forward.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU returned a result")
                 continue
             forward.samples += 1
-            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
+            problem = _misplaced(raw, sample, self.device) or (
+                _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol))
             if problem:
                 forward.record("fail", f"{step}: {problem}")
                 continue
@@ -749,28 +773,9 @@ class OperatorCheck:
                     (sample.input, sample.args, sample.kwargs))[0]):
                 continue
             self._permuted_done = True
-            step = f"{name}: inputs laid out column-major, {_describe(sample, index)}"
-            try:
-                cpu_permuted = _permuted(cpu_sample)
-                cpu_raw = self.op(cpu_permuted.input, *cpu_permuted.args, **cpu_permuted.kwargs)
-                expected = cpu_permuted.output_process_fn_grad(cpu_raw)
-            except Exception:  # noqa: BLE001 - the CPU rejects this layout: no evidence
-                continue
-            try:
-                permuted = self._run_device(lambda: _permuted(sample), clause, step)
-                raw = self._run_device(lambda: self.op(permuted.input, *permuted.args, **permuted.kwargs),
-                                       clause, step)
-                got = _results_to_cpu(permuted.output_process_fn_grad(raw))
-            except NotClaimed:
-                raise
-            except Exception as e:  # noqa: BLE001
-                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU returned a result "
-                                       "for the same inputs")
-                continue
-            outcome.samples += 1
-            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
-            problem = problem or self._layout_mismatch(permuted, _strided_results(raw), _strided_results(cpu_raw))
-            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
+            self._compare_transformed(outcome, clause, f"{name}: inputs laid out column-major, "
+                                      f"{_describe(sample, index)}", _permuted, sample, cpu_sample, atol, rtol,
+                                      layout=True)
 
     def _check_noncontiguous(self, dtype, passed, atol, rtol) -> None:
         name = dtype_name(dtype)
@@ -778,35 +783,43 @@ class OperatorCheck:
         if outcome is None:
             return
         clause = CHECKS["noncontiguous"][0]
+        # The reference is the CPU's result for the same non-contiguous sample
+        # (noncontiguous_like lays every tensor out the same way, filler
+        # included), not its contiguous result: some operators legitimately
+        # answer otherwise for another layout (as_strided reads the storage;
+        # view_as_complex needs a unit last stride).
         for index, sample, cpu_sample, _ in passed:
-            step = f"{name}: non-contiguous, {_describe(sample, index)}"
-            # The reference is the CPU's result for the same non-contiguous
-            # sample (noncontiguous_like lays every tensor out the same way,
-            # filler included), not its contiguous result: some operators
-            # legitimately answer otherwise for another layout (as_strided
-            # reads the storage; view_as_complex needs a unit last stride).
-            try:
-                expected = cpu_sample.output_process_fn_grad(self._call_noncontiguous(cpu_sample))
-            except Exception:  # noqa: BLE001 - the CPU rejects this layout: no evidence
-                continue
-            try:
-                got = self._run_device(lambda: self._call_noncontiguous(sample), clause, step)
-            except NotClaimed:
-                raise
-            except Exception as e:  # noqa: BLE001
-                outcome.record("fail", f"{step}: raised {_first_line(e)} on the device with non-contiguous inputs; "
-                                       "the CPU returned a result for the same inputs")
-                continue
-            outcome.samples += 1
-            got = _results_to_cpu(sample.output_process_fn_grad(got))
-            problem = _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol)
-            outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
+            self._compare_transformed(outcome, clause, f"{name}: non-contiguous, {_describe(sample, index)}",
+                                      lambda s: _clone_sample(s).noncontiguous(), sample, cpu_sample, atol, rtol)
 
-    def _call_noncontiguous(self, sample):
-        """The operator on a copy of `sample` whose tensors are non-contiguous
-        views into larger buffers (OpInfo's SampleInput.noncontiguous)."""
-        noncontiguous = _clone_sample(sample).noncontiguous()
-        return self.op(noncontiguous.input, *noncontiguous.args, **noncontiguous.kwargs)
+    def _compare_transformed(self, outcome, clause, step, transform, sample, cpu_sample, atol, rtol,
+                             layout: bool = False) -> None:
+        """The operator on `transform` of the CPU's sample (a rejection is no
+        evidence) and of the device's (raising is a failure): the device's
+        results must have the CPU's values and, with `layout`, its strides."""
+        try:
+            cpu_transformed = transform(cpu_sample)
+            cpu_raw = self.op(cpu_transformed.input, *cpu_transformed.args, **cpu_transformed.kwargs)
+            expected = cpu_transformed.output_process_fn_grad(cpu_raw)
+        except Exception:  # noqa: BLE001 - the CPU rejects these inputs: no evidence
+            return
+        try:
+            transformed = self._run_device(lambda: transform(sample), clause, step)
+            raw = self._run_device(lambda: self.op(transformed.input, *transformed.args, **transformed.kwargs),
+                                   clause, step)
+            got = _results_to_cpu(transformed.output_process_fn_grad(raw))
+        except NotClaimed:
+            raise
+        except Exception as e:  # noqa: BLE001
+            outcome.record("fail", f"{step}: raised {_first_line(e)} on the device; the CPU returned a result for "
+                                   "the same inputs")
+            return
+        outcome.samples += 1
+        problem = _misplaced(raw, transformed, self.device) or (
+            _shape_mismatch(got, expected) if self.report.random else _mismatch(got, expected, atol, rtol))
+        if layout:
+            problem = problem or self._layout_mismatch(transformed, _strided_results(raw), _strided_results(cpu_raw))
+        outcome.record("fail" if problem else "pass", f"{step}: {problem}" if problem else "")
 
     def _check_out(self, dtype, passed, atol, rtol) -> None:
         op = self.op

@@ -71,9 +71,10 @@ def test_operators_return_before_their_stream_runs_them(dt, backend, name):
             observed = certain or pending
             with scope("ST-ASYNC-001.2"):
                 s.synchronize()
-            check("ST-ASYNC-001.1", pending,
-                  f"{name} returned only once its stream was released: the operator waited for earlier work on "
-                  "its stream (computation is synchronous, but the backend claims async-operators)", observed=observed)
+            if observed:  # (long work seen done: nothing learnt, the next scale looks again)
+                check("ST-ASYNC-001.1", pending,
+                      f"{name} returned only once its stream was released: the operator waited for earlier work on "
+                      "its stream (computation is synchronous, but the backend claims async-operators)")
             check("ST-ASYNC-001.1", result.shape == expected.shape and result.dtype == expected.dtype and
                   result.device == device,
                   f"{name} returned a result of shape {tuple(result.shape)}, dtype {result.dtype} on {result.device}; "

@@ -68,6 +68,62 @@ if __name__ == "__main__":
 '''
 
 
+# A process that imports torch only when its own code runs, after start-up:
+# no import torch at the top of this script, so that neither the interpreter
+# nor a spawn child unpickling its target (defined here) imports torch. Each
+# child imports torch in its target, on the main thread or first on a new
+# thread; then the parent imports torch on a new thread too. argv: the
+# backend's module, its device type.
+_LAZY_SCRIPT = r'''
+import json, multiprocessing, queue, sys, threading
+
+
+def use(module, name):
+    try:
+        import torch
+        claimed = torch._C._get_privateuse1_backend_name()
+        answer = {"claimed": claimed, "loaded": module in sys.modules}
+        answer["values"] = torch.arange(3, device=name + ":0").mul(2).cpu().tolist()
+        return answer
+    except BaseException as e:
+        return {"error": repr(e)}
+
+
+def child(module, name, on_thread, answers):
+    if on_thread:
+        result = []
+        worker = threading.Thread(target=lambda: result.append(use(module, name)))
+        worker.start()
+        worker.join()
+        answers.put(result[0] if result else {"error": "the thread ended without an answer"})
+    else:
+        answers.put(use(module, name))
+
+
+if __name__ == "__main__":
+    module, name = sys.argv[1:3]
+    context = multiprocessing.get_context("spawn")
+    answer = {}
+    for where in ("main thread", "new thread"):
+        answers = context.Queue()
+        process = context.Process(target=child, args=(module, name, where == "new thread", answers))
+        process.start()
+        while where not in answer:
+            try:
+                answer[where] = answers.get(timeout=0.5)
+            except queue.Empty:
+                if not process.is_alive() and answers.empty():
+                    answer[where] = {"error": f"the child ended without an answer (exit code {process.exitcode})"}
+        process.join()
+    result = []
+    worker = threading.Thread(target=lambda: result.append(use(module, name)))
+    worker.start()
+    worker.join()
+    answer["this process, on a new thread"] = result[0] if result else {"error": "no answer"}
+    print("ANSWER " + json.dumps(answer), flush=True)
+'''
+
+
 def _normal(distribution: str) -> str:
     return distribution.lower().replace("-", "_").replace(".", "_")
 
@@ -126,3 +182,37 @@ def test_import_torch_initializes_no_device(backend, dt, tmp_path):
           lambda: f"a child forked right after import torch loaded the backend (before any device use) could "
                   f"not use the device: {child.get('values', child.get('error'))} (was a device initialized "
                   f"while the backend loaded?)")
+
+
+@contract("AL-LOAD-001")
+def test_a_process_that_imports_torch_later_loads_the_backend(backend, dt, tmp_path):
+    """torch is often imported long after start-up: in a spawn child's
+    target when it runs (not while unpickling it), in a worker thread of a
+    server. Autoload must not depend on how or where the first import
+    happens."""
+    from privateuse1_conformance.harness.backend import autoload_declarations
+
+    script = tmp_path / "autoload_lazy_check.py"
+    script.write_text(_LAZY_SCRIPT)
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    with scope("AL-LOAD-001.4"):
+        result = subprocess.run([sys.executable, str(script), backend.module_name, dt],
+                                capture_output=True, text=True, env=env, cwd=tmp_path)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ANSWER ")]
+    check("AL-LOAD-001.4", result.returncode == 0 and lines,
+          lambda: f"a process importing torch after start-up with TORCH_DEVICE_BACKEND_AUTOLOAD=1 failed "
+                  f"(exit status {result.returncode}): {result.stderr[-2000:]}")
+    answers = json.loads(lines[-1][len("ANSWER "):])
+    for where, answer in answers.items():
+        if answer.get("claimed") not in (None, "privateuseone", dt):
+            inconclusive(f"in this environment import torch gave PrivateUse1 to another backend "
+                         f"({answer['claimed']!r}); torch.backends entry points installed: {autoload_declarations()}")
+        what = (f"a spawn child whose target imports torch when it runs, on its {where}" if "thread" in where
+                and not where.startswith("this") else "a process that imports torch first on a new thread")
+        check("AL-LOAD-001.4", answer.get("claimed") == dt and answer.get("values") == [0, 2, 4],
+              lambda: f"in {what}, with TORCH_DEVICE_BACKEND_AUTOLOAD=1, "
+                      + (f"import torch left PrivateUse1 as {answer['claimed']!r} (the backend was not loaded; "
+                         f"torch.backends entry points installed: {autoload_declarations() or 'none'})"
+                         if "claimed" in answer and answer["claimed"] != dt else
+                         f"torch.arange(3, device='{dt}:0').mul(2) gave {answer.get('values', answer.get('error'))}, "
+                         f"not [0, 2, 4]"))

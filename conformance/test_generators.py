@@ -461,11 +461,21 @@ def test_offsets_round_trip_or_raise_clearly(mod, dt, n, cxx):
                             f"{type(e).__name__}: {e}", pytrace=False)
         if not supported:
             continue
+        g.manual_seed(3)
+        start = sample()  # offset 0 of seed 3
         g.set_offset(16)
         assert g.get_offset() == 16, f"{label}.set_offset(16) then get_offset() returned {g.get_offset()}"
         first = sample()
         g.set_offset(16)
         assert torch.equal(first, sample()), f"{label}.set_offset(16) did not reproduce the numbers drawn at offset 16"
+        # The offset moves the stream: offset 16 is not the seed's start,
+        # and offset 0 is (a set_offset that only stores its argument fails).
+        assert not torch.equal(first, start), (
+            f"{label}.set_offset(16) drew the numbers of offset 0 (those right after manual_seed(3)): the offset was "
+            f"stored for get_offset() but did not move the generator")
+        g.set_offset(0)
+        assert torch.equal(start, sample()), (
+            f"{label}.set_offset(0) after drawing did not go back to the numbers right after manual_seed(3)")
 
 
 # ----------------------------------------------------------- distributions

@@ -19,7 +19,9 @@ import threading
 import pytest
 import torch
 
-from ._async import RELEASE_DELAY, SCALES, Load, hold, unobserved, waited
+from privateuse1_conformance.harness.evidence import not_applicable
+
+from ._async import RELEASE_DELAY, SCALES, Load, hold, new_stream, unobserved, waited
 from ._helpers import check, inconclusive, initialized_by, must, must_raise, require_allocator, scope
 
 contract = pytest.mark.contract
@@ -218,8 +220,19 @@ def test_memory_stats_keys_and_consistency(dt, mod):
                   f"memory_stats(): {key}.allocated - {key}.freed != {key}.current ({stats[f'{key}.allocated']} - "
                   f"{stats[f'{key}.freed']} != {stats[f'{key}.current']})")
             check("MM-STAT-002.2", stats[f"{key}.peak"] >= stats[f"{key}.current"], f"memory_stats(): {key}.peak < current")
-    check("MM-STAT-002.2", stats["allocated_bytes.all.current"] == A.memory_allocated(),
-          "memory_stats()['allocated_bytes.all.current'] differs from memory_allocated()")
+    # (memory_allocated() reads this very key: compare how the counters move instead.)
+    before = A.memory_stats()
+    extra = block(MiB + 3, dt)
+    during = A.memory_stats()
+    del extra
+    after = A.memory_stats()
+    grown = during["allocated_bytes.all.allocated"] - before["allocated_bytes.all.allocated"]
+    freed = after["allocated_bytes.all.freed"] - during["allocated_bytes.all.freed"]
+    check("MM-STAT-002.2", grown >= MiB + 3 and
+          grown == during["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] == freed,
+          f"memory_stats() around allocating and freeing {MiB + 3} bytes: allocated_bytes.all.allocated grew by "
+          f"{grown}, .current by {during['allocated_bytes.all.current'] - before['allocated_bytes.all.current']}, "
+          f".freed by {freed}: all three must move by the same amount, at least the size")
     check("MM-STAT-002.2", stats["allocation.all.current"] >= 1 and stats["allocated_bytes.all.current"] >= 3 * MiB,
           f"memory_stats() does not count a live 3 MiB tensor: {stats['allocation.all.current']} allocations, "
           f"{stats['allocated_bytes.all.current']} bytes")
@@ -533,9 +546,32 @@ def test_out_of_memory_is_an_error_and_recoverable(dt, mod):
     stats = A.memory_stats()
     check("MM-OOM-001.2", stats.get("num_ooms", 0) >= ooms + 3,
           f"memory_stats()['num_ooms'] went from {ooms} to {stats.get('num_ooms')} after three OOM errors")
+    fitted = len(held)
     del held
     check("MM-OOM-001.3", A.memory_allocated() == before,
           f"after the OOMs and freeing every block, memory_allocated() is {A.memory_allocated()}, not {before}")
+    # The freed chunks may sit in the allocator's cache; a block of another
+    # size that the device certainly holds (three chunks fitted at once) must
+    # be served without empty_cache(): the allocator gives its cache back and
+    # retries before it raises (as CUDA's does).
+    if fitted >= 3:
+        larger = 2 * chunk + 4097
+        with scope("MM-OOM-001.4"):
+            try:
+                bigger = torch.empty(larger, dtype=torch.uint8, device=dt)
+            except torch.OutOfMemoryError as e:
+                check("MM-OOM-001.4", False,
+                      f"after {fitted} blocks of {chunk} bytes were allocated at once and freed, allocating {larger} "
+                      f"bytes (without empty_cache) raised torch.OutOfMemoryError: the allocator must give its cached "
+                      f"blocks back and retry by itself before it raises: {e}")
+            except Exception as e:  # noqa: BLE001
+                check("MM-OOM-001.4", False, f"allocating {larger} bytes after freeing the blocks that filled the "
+                                             f"device raised {type(e).__name__}: {e}")
+            check("MM-OOM-001.4", bigger.numel() == larger, f"an allocation of {larger} bytes has {bigger.numel()}")
+            del bigger
+    else:
+        not_applicable("MM-OOM-001.4", f"only {fitted} chunks of {chunk} bytes fitted on the device at once: no "
+                                       f"block of another size is known to fit after freeing them")
     with scope("MM-OOM-001.3"):
         must(A.empty_cache, "torch.accelerator.empty_cache() after out-of-memory")
         x = must(lambda: torch.arange(1000, dtype=torch.float32, device=dt), "allocating after out-of-memory")
@@ -547,6 +583,116 @@ def test_out_of_memory_is_an_error_and_recoverable(dt, mod):
         del again
         must_raise(absurd, "allocating 2**50 bytes a second time", torch.OutOfMemoryError)
         must(A.synchronize, "torch.accelerator.synchronize() after out-of-memory")
+
+
+# ----------------------------------------------------- reuse under queued work
+
+REUSE_ELEMENTS = 1 << 19  # 2 MiB of float32: the size of the freed tensor and of the new ones
+FRESH = 4  # new tensors of that size, enough to take every same-size block an allocator keeps
+
+
+def _minus_ones(dt: str) -> torch.Tensor:
+    """The values _take_and_overwrite writes, made before a stream is held
+    (while one is, a check queues copies only: see conformance/_async.py)."""
+    return must(lambda: torch.full((REUSE_ELEMENTS,), -1.0, device=torch.device(dt, 0)), "torch.full")
+
+
+def _take_and_overwrite(dt: str, stream, minus: torch.Tensor) -> list[torch.Tensor]:
+    """Allocate FRESH tensors of the freed tensor's size on `stream`, copy
+    -1 into them and wait for the copies (`stream` is never held)."""
+    with stream:
+        fresh = [torch.empty(REUSE_ELEMENTS, dtype=torch.float32, device=torch.device(dt, 0)) for _ in range(FRESH)]
+        for f in fresh:
+            f.copy_(minus)
+    stream.synchronize()
+    return fresh
+
+
+def _overlapping(fresh: list[torch.Tensor], start: int, end: int) -> bool:
+    return any(f.data_ptr() < end and start < f.data_ptr() + f.untyped_storage().nbytes() for f in fresh)
+
+
+@contract("MM-REUSE-001")
+def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, backend):
+    device = torch.device(dt, 0)
+    load = Load(dt, 0)
+    own, other = new_stream(dt, 0), new_stream(dt, 0)
+    minus = _minus_ones(dt)
+    for scale in SCALES:
+        out = load.target()
+        with own:  # x belongs to `own`: allocated while it is current
+            x = must(lambda: torch.full((REUSE_ELEMENTS,), 3.0, dtype=torch.float32, device=device),
+                     "torch.full on a new stream")
+        torch.accelerator.synchronize(0)
+        start, end = x.data_ptr(), x.data_ptr() + x.untyped_storage().nbytes()
+        with hold(backend, own, load, scale) as held:
+            with own:
+                out.copy_(x)  # queued behind the hold: reads x later
+            del x
+            with scope("MM-REUSE-001.1"):
+                fresh = _take_and_overwrite(dt, other, minus)
+            busy = held.pending()
+        own.synchronize()
+        if busy:
+            check("MM-REUSE-001.1", not _overlapping(fresh, start, end),
+                  "a tensor freed while work queued on its own stream still read it was handed to an allocation on "
+                  "another stream before that work ran: a freed block may serve another stream only once the work "
+                  "its stream queued before the free has completed")
+        got = out.cpu()
+        check("MM-REUSE-001.1", bool((got == 3.0).all()),
+              lambda: f"work queued on a stream read a tensor freed after the work was queued, and saw "
+                      f"{sorted(set(got.unique().tolist()))[:4]} instead of its values 3.0: its memory was used "
+                      f"again (by new tensors written on another stream) before the work ran", observed=busy)
+        del fresh
+        if busy:
+            return
+    unobserved(backend, "MM-REUSE-001.1", "an allocation on another stream while work on the freed tensor's stream "
+                                          "was in flight")
+
+
+@contract("MM-REUSE-001")
+@pytest.mark.parametrize("user", ["allocation stream", "record_stream"])
+def test_empty_cache_keeps_memory_that_queued_work_still_reads(user, dt, backend):
+    device = torch.device(dt, 0)
+    load = Load(dt, 0)
+    reader, other = new_stream(dt, 0), new_stream(dt, 0)
+    minus = _minus_ones(dt)
+    what = ("a tensor freed while work queued on its allocation stream still read it" if user == "allocation stream"
+            else "a tensor freed after record_stream(s) while s's queued work still read it")
+    for scale in SCALES:
+        out = load.target()
+        with torch.accelerator.current_stream(0) if user == "record_stream" else reader:
+            x = must(lambda: torch.full((REUSE_ELEMENTS,), 3.0, dtype=torch.float32, device=device), "torch.full")
+        torch.accelerator.synchronize(0)
+        # Long work, not the gate: empty_cache() may wait for the device
+        # without releasing the interpreter's lock (torch.accelerator's
+        # binding keeps it), so a gate released from Python would never open.
+        with hold(backend, reader, load, scale, gate=False) as held:
+            with reader:
+                out.copy_(x)  # queued behind the long work: reads x later
+            if user == "record_stream":
+                with scope("MM-REUSE-001.2"):
+                    must(lambda: x.record_stream(reader), "Tensor.record_stream(stream)")
+            del x
+            with scope("MM-REUSE-001.2"):
+                _, early = waited(lambda: must(A.empty_cache, "torch.accelerator.empty_cache()"), held, keep=True)
+                # Returned while the work was pending: what it gave back
+                # must still be kept from new tensors.
+                fresh = _take_and_overwrite(dt, other, minus) if early else []
+            busy = bool(early) and held.pending()
+        reader.synchronize()
+        got = out.cpu()
+        # early False: empty_cache returned only after the work ran (it
+        # waited for it); nothing can have been given back under it.
+        check("MM-REUSE-001.2", bool((got == 3.0).all()),
+              lambda: f"empty_cache() was called after {what}; the work then saw "
+                      f"{sorted(set(got.unique().tolist()))[:4]} instead of 3.0: empty_cache gave the memory back "
+                      f"while queued work still used it (wait for the work, or keep the block until it is done)",
+              observed=busy or early is False)
+        del fresh
+        if busy or early is False:
+            return
+    unobserved(backend, "MM-REUSE-001.2", f"empty_cache() after {what}")
 
 
 # ------------------------------------------------------------- zero size

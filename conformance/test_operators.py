@@ -40,6 +40,8 @@ def _outputs(result) -> list[torch.Tensor]:
 def _compare(clause: str, what: str, got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
     check(clause, len(got) == len(expected), f"{what}: {len(got)} results, on CPU {len(expected)}")
     for k, (g, e) in enumerate(zip(got, expected)):
+        check(clause, g.device.type not in ("cpu", "meta"),
+              f"{what}: result {k} is on {g.device}, not on the device its inputs are on")
         g = must(lambda: g.cpu(), f"{what}: .cpu() of result {k}")
         check(clause, g.shape == e.shape and g.dtype == e.dtype,
               f"{what}: result {k} is {g.dtype} {tuple(g.shape)}, on CPU {e.dtype} {tuple(e.shape)}")

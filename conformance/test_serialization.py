@@ -226,3 +226,27 @@ def test_shallow_copies_keep_metadata(dt, declared):
             copy = must(make, what)
         got = metadata_of(copy, what)
         check("SR-META-001.4", holds(got, declared), f"{what} has metadata {got!r}, not {declared!r}")
+
+
+@contract("SR-META-001")
+def test_a_second_set_takes_effect(dt, declared):
+    """Metadata is set again on tensors that already carry it (a tensor
+    loaded with metadata, then marked by the user): the last set wins for
+    the keys it names."""
+    negated = {key: not value for key, value in declared.items()}
+    x, other = torch.arange(6.0, device=dt), torch.arange(6.0, device=dt)
+    torch._utils.set_tensor_metadata(other, dict(declared))
+    for first, second in ((declared, negated), (negated, declared)):
+        with scope("SR-META-001.5"):
+            must(lambda: torch._utils.set_tensor_metadata(x, dict(first)),
+                 f"torch._utils.set_tensor_metadata(t, {first!r})")
+            must(lambda: torch._utils.set_tensor_metadata(x, dict(second)),
+                 f"a second torch._utils.set_tensor_metadata(t, {second!r}) on the same tensor")
+        got = metadata_of(x, "the tensor")
+        check("SR-META-001.5", holds(got, second),
+              f"after set_tensor_metadata(t, {first!r}) and then set_tensor_metadata(t, {second!r}), "
+              f"get_tensor_metadata(t) returned {got!r}: the second set must win for the keys it names")
+    untouched = metadata_of(other, "another tensor")
+    check("SR-META-001.5", holds(untouched, declared),
+          f"setting metadata twice on one tensor changed another tensor's metadata to {untouched!r} (it was set "
+          f"to {declared!r})")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from ._async import SCALES, Load, hold, unobserved, waited
+from ._async import SCALES, Load, hold, new_stream, unobserved, waited
 from ._helpers import check, in_thread, inconclusive, must, must_raise, scope
 
 contract = pytest.mark.contract
@@ -216,6 +216,11 @@ def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, 
     device is current and however the backend orders the copy."""
     count = 1 << 20
     for i, j in sorted({(0, n - 1), (n - 1, 0)}):
+        # Device i's current stream is a new one, not its default stream:
+        # the copy must follow the source device's *current* stream.
+        stream = new_stream(dt, i)
+        with torch.accelerator.device_index(i):
+            torch.accelerator.set_stream(stream)
         mod.set_device(j)  # the target's device current: the source's stream is not
         load = Load(dt, i)
         source = torch.zeros(count, device=torch.device(dt, i))
@@ -223,7 +228,8 @@ def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, 
         target = torch.zeros(count, device=torch.device(dt, j))
         torch.accelerator.synchronize(i)
         torch.accelerator.synchronize(j)
-        stream = torch.accelerator.current_stream(i)
+        check("TP-D2D-001.2", torch.accelerator.current_stream(i) == stream,
+              f"torch.accelerator.set_stream on {dt}:{i} did not take effect (ST-CUR-001's business)")
         for scale in SCALES:
             with hold(backend, stream, load, scale) as held:
                 with torch.accelerator.device_index(i):
@@ -252,6 +258,57 @@ def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, 
             torch.accelerator.synchronize(j)
         else:
             unobserved(backend, "TP-D2D-001.2", f"{how} from {dt}:{i} while the source's writer was in flight")
+
+
+@contract("TP-D2D-001")
+@pytest.mark.parametrize("how", ["Tensor.to", "copy_"])
+def test_a_copy_to_a_held_device_reads_memory_nobody_reuses_meanwhile(how, dt, n, mod, backend):
+    """The target device's current stream is held when the copy is asked.
+    Whatever the copy still has to read on the source device (the source, or
+    a staging buffer of the backend's own, freed when the call returns) must
+    not be handed to new tensors allocated and written there meanwhile."""
+    count = 1 << 19
+    for i, j in sorted({(0, n - 1), (n - 1, 0)}):
+        mod.set_device(i)  # the source's device current: its allocations reuse what its stream frees
+        load = Load(dt, j)
+        source = torch.full((count,), 9.0, device=torch.device(dt, i))
+        target = torch.zeros(count, device=torch.device(dt, j))
+        minus = torch.full((count,), -1.0, device=torch.device(dt, i))
+        torch.accelerator.synchronize(i)
+        torch.accelerator.synchronize(j)
+        stream = torch.accelerator.current_stream(j)
+        for scale in SCALES:
+            with hold(backend, stream, load, scale) as held:
+                with scope("TP-D2D-001.6"):
+                    if how == "Tensor.to":
+                        result, early = waited(lambda: source.to(torch.device(dt, j)), held, keep=True)
+                    else:
+                        result, early = waited(lambda: target.copy_(source), held, keep=True)
+                    # While the copy may still be queued: new tensors of the
+                    # source device, written at once on its (unheld) stream.
+                    fresh = [torch.empty(count, device=torch.device(dt, i)) for _ in range(4)]
+                    for f in fresh:
+                        f.copy_(minus)
+                    torch.accelerator.synchronize(i)
+            # early None: the held work was not seen pending when the copy was
+            # asked (long work that ran too fast), nothing observed. early
+            # False: the copy waited for the target's stream (allowed).
+            queued = early is not None
+            with scope("TP-D2D-001.6"):
+                torch.accelerator.synchronize(j)
+                got = result.cpu()
+            check("TP-D2D-001.6", result.device == torch.device(dt, j) and bool((got == 9.0).all()),
+                  lambda: f"{how} from {dt}:{i} to {dt}:{j}, asked while {dt}:{j}'s current stream was held, read "
+                          f"{sorted(set(got.unique().tolist()))[:4]} instead of 9.0 after tensors were allocated and "
+                          f"written on {dt}:{i} meanwhile: memory the copy had still to read (a staging buffer?) was "
+                          f"handed out before the target's stream ran the copy", observed=queued)
+            del fresh
+            if queued:
+                break
+            target.zero_()
+            torch.accelerator.synchronize(j)
+        else:
+            unobserved(backend, "TP-D2D-001.6", f"{how} from {dt}:{i} to {dt}:{j} while {dt}:{j}'s stream was held")
 
 
 # ----------------------------------------------------------------------- views

@@ -129,7 +129,8 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       // blocks of this device meanwhile.
       void* ptr = nullptr;
       orError_t status = orMalloc(&ptr, size);
-      if (status == orErrorMemoryAllocation) {
+      // Mutant oom-no-release-retry: cached blocks are given back only by empty_cache().
+      if (status == orErrorMemoryAllocation && !mutant::is("oom-no-release-retry")) {
         // Give the cache back to the runtime and try once more.
         {
           std::lock_guard<std::mutex> lock(cache.mutex);
@@ -319,6 +320,17 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   }
 
   static Block* take_cached(DeviceCache& cache, const c10::Stream& stream, size_t size) {
+    // Mutant cache-shared-across-streams: a block cached for one stream is handed to any stream.
+    if (mutant::is("cache-shared-across-streams")) {
+      for (auto& [key, blocks] : cache.cached) {
+        if (key.second != size || blocks.empty()) continue;
+        Block* block = blocks.back();
+        blocks.pop_back();
+        block->stream = stream;
+        return block;
+      }
+      return nullptr;
+    }
     auto it = cache.cached.find({stream.id(), size});
     if (it == cache.cached.end() || it->second.empty()) return nullptr;
     Block* block = it->second.back();
@@ -345,10 +357,12 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       if (released.empty() && pending.empty()) return;
       cache.stats.num_sync_all_streams++;
     }
-    orDeviceSynchronize(device);
+    // Mutant empty-cache-frees-in-use: blocks go back to the runtime while queued work still uses them.
+    const bool wait = !mutant::is("empty-cache-frees-in-use");
+    if (wait) orDeviceSynchronize(device);
     for (auto& [block, events] : pending) {
       for (orEvent_t e : events) {
-        orEventSynchronize(e);  // uses on other devices' streams
+        if (wait) orEventSynchronize(e);  // uses on other devices' streams
         orEventDestroy(e);
       }
       released.push_back(block);

@@ -79,7 +79,12 @@ void set_metadata(const at::Tensor& t, std::unordered_map<std::string, bool>& me
   bool any = false;
   for (const auto& [key, value] : metadata) {
     if (std::string_view(key).substr(0, kPrefix.size()) != kPrefix) continue;
-    updated->flags[key] = value;
+    // Mutant backend-meta-set-keeps-first: a key set before keeps its first value.
+    if (mutant::is("backend-meta-set-keeps-first")) {
+      updated->flags.emplace(key, value);
+    } else {
+      updated->flags[key] = value;
+    }
     any = true;
   }
   // Copy on write: a BackendMeta another TensorImpl may share is never changed.

@@ -34,13 +34,21 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
     std::lock_guard<std::mutex> lock(cpu_.mutex());
     return cpu_.seed();
   }
-  void set_offset(uint64_t) override {
+  void set_offset(uint64_t offset) override {
     if (mutant::is("offset-silently-ignored")) return;
+    // Mutant set-offset-rewinds-to-seed: any offset draws the seed's first numbers.
+    if (mutant::is("set-offset-rewinds-to-seed")) {
+      std::lock_guard<std::mutex> lock(cpu_.mutex());
+      cpu_.set_current_seed(cpu_.current_seed());
+      mutant_offset_ = offset;
+      return;
+    }
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
   uint64_t get_offset() const override {
     if (mutant::is("offset-silently-ignored")) return 0;
+    if (mutant::is("set-offset-rewinds-to-seed")) return mutant_offset_;
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
@@ -63,6 +71,7 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
   }
 
   at::Generator cpu_;
+  uint64_t mutant_offset_ = 0;  // (mutant set-offset-rewinds-to-seed only)
 };
 
 at::Generator make(c10::DeviceIndex index) {

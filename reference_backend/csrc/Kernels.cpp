@@ -253,7 +253,9 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     staged_src = at::empty(dst.sizes(), src.options().dtype(dst.dtype()));
     copy_device_to_device(src.expand_as(dst), staged_src);
   }
-  const c10::Stream src_stream = current_stream(src_index);
+  // Mutant d2d-orders-after-default-stream: the peer copy follows src's default stream, not its current one.
+  const c10::Stream src_stream = mutant::is("d2d-orders-after-default-stream") ? default_stream(src_index)
+                                                                               : current_stream(src_index);
   orEvent_t ready = nullptr;
   {
     const c10::DeviceGuard guard(src.device());
@@ -274,7 +276,8 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
                               native_stream(dst_stream)));
   // The staging buffer is a block of src's device read by dst's stream: it
   // must not be reused before that stream's copy has run.
-  record_stream(staged_src.storage().data_ptr(), dst_stream);
+  // Mutant d2d-staging-freed-early: the buffer goes back to src's stream's cache at once.
+  if (!mutant::is("d2d-staging-freed-early")) record_stream(staged_src.storage().data_ptr(), dst_stream);
   if (!target.is_same(dst)) copy_on_device(target, dst, dst_stream);
 }
 

@@ -16,6 +16,7 @@ KNOWN: frozenset[str] = frozenset({
     "amp-dtypes-empty",
     "autoload-does-nothing",  # (read by openreg_autoload, which runs before this module)
     "autoload-initializes-device",
+    "autoload-main-thread-only",  # (read by openreg_autoload)
     "availability-initializes",  # (also in C++: the hooks' isAvailable)
     "default-autocast-dtype-unadvertised",
     "device-context-leaks-on-exception",

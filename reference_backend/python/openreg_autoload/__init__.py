@@ -26,6 +26,7 @@ process forked after ``import torch`` can still use the devices.
 from __future__ import annotations
 
 import os
+import threading
 from importlib import metadata
 
 _GROUP = "torch.backends"
@@ -69,6 +70,9 @@ def load() -> None:
 
     claimed = torch._C._get_privateuse1_backend_name()
     if claimed != "privateuseone" or other_declarations() or _mutants.active("autoload-does-nothing"):
+        return
+    # Mutant autoload-main-thread-only: a process that imports torch first on another thread goes without.
+    if _mutants.active("autoload-main-thread-only") and threading.current_thread() is not threading.main_thread():
         return
     import openreg
 
