@@ -86,5 +86,11 @@ def test_operators_return_before_their_stream_runs_them(dt, backend, name):
             if observed:
                 return
     unobserved(backend, ["ST-ASYNC-001.1", "ST-ASYNC-001.2"], f"{name} queued behind earlier work")
-    inconclusive(f"{name} never returned while earlier work on its stream was still pending (long work of "
-                 f"{SCALES[-1]}x the calibrated amount): asynchrony cannot be observed without a gate")
+    # Long work seen finished at every scale is what a synchronous operator
+    # shows, but also what a busy machine can show an asynchronous one: only
+    # the gate decides, so without it the clause stays undecided (and a level
+    # that needs it is not reached), never failed on timing.
+    inconclusive(f"{name} never returned while earlier work on its stream was still pending (long work up to "
+                 f"{SCALES[-1]}x the calibrated amount): either the operator waits for its stream (a backend that "
+                 "computes synchronously must not claim async-operators) or the host was too slow to look; the "
+                 "instrumentation's block_stream gate decides it")

@@ -104,10 +104,13 @@ if __name__ == "__main__":
     module, name = sys.argv[1:3]
     context = multiprocessing.get_context("spawn")
     answer = {}
+    children = {}  # both children at once: each starts an interpreter
     for where in ("main thread", "new thread"):
         answers = context.Queue()
         process = context.Process(target=child, args=(module, name, where == "new thread", answers))
         process.start()
+        children[where] = process, answers
+    for where, (process, answers) in children.items():
         while where not in answer:
             try:
                 answer[where] = answers.get(timeout=0.5)

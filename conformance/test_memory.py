@@ -608,10 +608,6 @@ def _take_and_overwrite(dt: str, stream, minus: torch.Tensor) -> list[torch.Tens
     return fresh
 
 
-def _overlapping(fresh: list[torch.Tensor], start: int, end: int) -> bool:
-    return any(f.data_ptr() < end and start < f.data_ptr() + f.untyped_storage().nbytes() for f in fresh)
-
-
 @contract("MM-REUSE-001")
 def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, backend):
     device = torch.device(dt, 0)
@@ -624,7 +620,6 @@ def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, bac
             x = must(lambda: torch.full((REUSE_ELEMENTS,), 3.0, dtype=torch.float32, device=device),
                      "torch.full on a new stream")
         torch.accelerator.synchronize(0)
-        start, end = x.data_ptr(), x.data_ptr() + x.untyped_storage().nbytes()
         with hold(backend, own, load, scale) as held:
             with own:
                 out.copy_(x)  # queued behind the hold: reads x later
@@ -633,11 +628,6 @@ def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, bac
                 fresh = _take_and_overwrite(dt, other, minus)
             busy = held.pending()
         own.synchronize()
-        if busy:
-            check("MM-REUSE-001.1", not _overlapping(fresh, start, end),
-                  "a tensor freed while work queued on its own stream still read it was handed to an allocation on "
-                  "another stream before that work ran: a freed block may serve another stream only once the work "
-                  "its stream queued before the free has completed")
         got = out.cpu()
         check("MM-REUSE-001.1", bool((got == 3.0).all()),
               lambda: f"work queued on a stream read a tensor freed after the work was queued, and saw "
