@@ -12,6 +12,12 @@ REPORT_DIR ?= conformance-report
 # Pinned tools of the project's own environment (torch must stay pinned: an
 # unpinned torch pulls a multi-GB CUDA build).
 PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
+# Compiled Python (and pytest's assertion-rewritten test modules) is cached in
+# build/pycache, outside the sources, even where the environment asks Python
+# not to write bytecode: `make test` starts the suite hundreds of times, and
+# each start would otherwise compile the kit again (seconds each).
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 
 .PHONY: conformance test test-process mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
@@ -39,7 +45,7 @@ test-process: build
 test: build
 	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
-	$(PYTHON) -m pytest tests -n 2 --dist loadfile -q -rs -m "not mutation"
+	$(PYTHON) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -q -rs -m "not mutation"
 	$(MAKE) --no-print-directory test-process
 
 ## The whole mutation run, recorded: every mutant in both configurations (with

@@ -166,6 +166,7 @@ def interface(dt):
 
 
 @contract("DI-IFACE-001")
+@pytest.mark.exclusive
 def test_device_interface_agrees_with_the_module(dt, mod, n, backend):
     from torch._dynamo.device_interface import DeviceGuard, DeviceInterface
 

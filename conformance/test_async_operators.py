@@ -49,6 +49,7 @@ def _inputs(device, salt: int) -> tuple[dict, dict]:
 
 @contract("ST-ASYNC-001")
 @pytest.mark.parametrize("name", list(OPERATORS))
+@pytest.mark.exclusive
 def test_operators_return_before_their_stream_runs_them(dt, backend, name):
     op = OPERATORS[name]
     device = torch.device(dt, 0)

@@ -44,6 +44,7 @@ def _record_current(event, stream) -> None:
 
 @contract("EV-REC-001")
 @pytest.mark.parametrize("how", list(RECORDERS))
+@pytest.mark.exclusive
 def test_event_completes_only_after_the_work_before_it(dt, n, backend, how):
     """On a stream of the last device (device 0 current): the event must stay
     incomplete while the work recorded before it is held, complete once that
@@ -91,6 +92,7 @@ def test_event_completes_only_after_the_work_before_it(dt, n, backend, how):
 
 
 @contract("EV-REC-001")
+@pytest.mark.exclusive
 def test_query_true_means_the_work_is_done(dt, n, backend):
     """query() polled until True: the work before the event must be done then
     (a long last task makes an early answer visible)."""
@@ -111,6 +113,7 @@ def test_query_true_means_the_work_is_done(dt, n, backend):
 
 
 @contract("EV-REC-001")
+@pytest.mark.exclusive
 def test_event_can_be_recorded_again(dt, backend):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
@@ -211,6 +214,7 @@ GROWTH_ROUNDS = 6
 
 
 @contract("EV-TIME-001")
+@pytest.mark.exclusive
 def test_elapsed_time_measures_the_work(dt):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
@@ -243,6 +247,7 @@ def test_elapsed_time_measures_the_work(dt):
 
 
 @contract("EV-TIME-001")
+@pytest.mark.exclusive
 def test_elapsed_time_ignores_host_time_between_records(dt, backend):
     """Two events recorded back to back on a held stream while the host pauses
     between the two record() calls: nothing runs between them on the device,

@@ -277,6 +277,7 @@ def test_memory_stats_keys_and_consistency(dt, mod):
 
 
 @contract("MM-STAT-002")
+@pytest.mark.exclusive
 def test_get_memory_info(dt, mod):
     block(MiB, dt)
     with scope("MM-STAT-002.5"):
@@ -370,6 +371,7 @@ class _Release:
 
 
 @contract("MM-COPY-001")
+@pytest.mark.exclusive
 def test_non_blocking_host_to_device(dt, backend):
     expected = torch.arange(N, dtype=torch.float32)
     load = Load(dt, 0)
@@ -406,6 +408,7 @@ def test_non_blocking_host_to_device(dt, backend):
 
 
 @contract("MM-COPY-001")
+@pytest.mark.exclusive
 def test_non_blocking_device_to_host(dt, backend):
     expected = torch.arange(N, dtype=torch.float32) * 2 + 1
     computed = torch.arange(N, dtype=torch.float32).to(dt) * 2 + 1
@@ -450,6 +453,7 @@ COPY_CASES = {
 
 @contract("MM-COPY-002")
 @pytest.mark.parametrize("case", list(COPY_CASES))
+@pytest.mark.exclusive
 def test_non_blocking_copy_from_pageable_memory_reads_the_source_in_time(case, dt, backend):
     """The default idiom of a DataLoader without pin_memory: the host may
     overwrite (or free) the source as soon as the call has returned."""
@@ -491,6 +495,7 @@ def test_non_blocking_copy_from_pageable_memory_reads_the_source_in_time(case, d
 
 
 @contract("MM-COPY-002")
+@pytest.mark.exclusive
 def test_non_blocking_copy_to_pageable_memory_with_conversion(dt, backend):
     src = (torch.arange(N) % 1000).to(torch.float32).to(dt)
     expected = (torch.arange(N) % 1000).to(torch.float64)
@@ -511,6 +516,7 @@ def test_non_blocking_copy_to_pageable_memory_with_conversion(dt, backend):
 
 
 @contract("MM-OOM-001")
+@pytest.mark.exclusive
 def test_out_of_memory_is_an_error_and_recoverable(dt, mod):
     warmup = block(MiB, dt)
     del warmup
@@ -609,6 +615,7 @@ def _take_and_overwrite(dt: str, stream, minus: torch.Tensor) -> list[torch.Tens
 
 
 @contract("MM-REUSE-001")
+@pytest.mark.exclusive
 def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, backend):
     device = torch.device(dt, 0)
     load = Load(dt, 0)
@@ -642,6 +649,7 @@ def test_a_block_freed_under_queued_work_is_not_handed_to_another_stream(dt, bac
 
 @contract("MM-REUSE-001")
 @pytest.mark.parametrize("user", ["allocation stream", "record_stream"])
+@pytest.mark.exclusive
 def test_empty_cache_keeps_memory_that_queued_work_still_reads(user, dt, backend):
     device = torch.device(dt, 0)
     load = Load(dt, 0)

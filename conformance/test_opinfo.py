@@ -32,7 +32,7 @@ CONTRACTS = ("OP-INFO-001", "OP-INFO-002", "OP-INFO-003", "OP-INFO-004")
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "opinfo_key" in metafunc.fixturenames:
         session = metafunc.config.pluginmanager.get_plugin("privateuse1-conformance-session")
-        metafunc.parametrize("opinfo_key", session.operator_keys() if session else [])
+        metafunc.parametrize("opinfo_key", session.operator_keys(CONTRACTS) if session else [])
 
 
 # decides OP-INFO-001.1

@@ -81,6 +81,7 @@ def test_a_stream_of_another_device_works_when_first_used_from_elsewhere(dt, n):
 
 
 @contract("ST-NEW-001")
+@pytest.mark.exclusive
 def test_new_streams_are_independent_queues(dt, backend):
     """While work is held on one new stream, another new stream and the
     default stream are idle."""
@@ -104,6 +105,7 @@ def test_new_streams_are_independent_queues(dt, backend):
 
 
 @contract("ST-PRIO-001")
+@pytest.mark.exclusive
 def test_stream_priorities(dt):
     load = Load(dt, 0, value=3.0, elements=1 << 12)
     for priority in (0, -1):
@@ -224,6 +226,7 @@ def test_current_stream_starts_as_the_default_and_is_per_device_and_thread(dt, n
 
 
 @contract("ST-CUR-001")
+@pytest.mark.exclusive
 def test_work_goes_to_the_current_stream(dt, n, backend):
     """Operators (a kernel, a copy between devices' memory and the host) run
     on the current stream of their device, on every device, whoever's device
@@ -255,6 +258,7 @@ def test_work_goes_to_the_current_stream(dt, n, backend):
 
 
 @contract("ST-CUR-001")
+@pytest.mark.exclusive
 def test_copies_to_the_host_wait_for_the_current_stream(dt, n, backend):
     """Tensor.cpu() and item() of a tensor written by queued work on a
     non-default current stream return the written values: the copy to the
@@ -294,6 +298,7 @@ def test_copies_to_the_host_wait_for_the_current_stream(dt, n, backend):
 
 
 @contract("ST-SYNC-001")
+@pytest.mark.exclusive
 def test_synchronize_waits_for_the_work(dt, backend):
     load = Load(dt, 0)
     s = new_stream(dt, 0)
@@ -321,6 +326,7 @@ def test_synchronize_waits_for_the_work(dt, backend):
 
 
 @contract("ST-SYNC-001")
+@pytest.mark.exclusive
 def test_query_is_false_while_work_is_pending_and_true_only_when_done(dt, backend):
     """The last task queued on the stream is still running (held, or a long
     write): query() must say so, and True must mean the result is final."""
@@ -354,6 +360,7 @@ def test_query_is_false_while_work_is_pending_and_true_only_when_done(dt, backen
 
 
 @contract("ST-SYNC-001")
+@pytest.mark.exclusive
 def test_work_on_one_stream_runs_in_order(dt, backend):
     elements = 1 << 19
     steps = 8
@@ -389,6 +396,7 @@ def test_work_on_one_stream_runs_in_order(dt, backend):
 
 
 @contract("ST-SYNC-001")
+@pytest.mark.exclusive
 def test_calls_the_host_waits_for_run_after_the_running_task(dt, backend):
     """The stream's only task is running (held by the gate, or one long task
     without it; nothing queued behind it). A copy to the host and an
@@ -420,6 +428,7 @@ def test_calls_the_host_waits_for_run_after_the_running_task(dt, backend):
 
 
 @contract("ST-SYNC-001")
+@pytest.mark.exclusive
 def test_device_synchronize_waits_for_every_stream(dt, backend):
     """Two new streams held (or busy), a short write on the current one:
     torch.accelerator.synchronize() must wait for all three."""
@@ -461,6 +470,7 @@ def test_device_synchronize_waits_for_every_stream(dt, backend):
 @contract("ST-DEVSYNC-001")
 @pytest.mark.parametrize("how", ["torch.accelerator.synchronize(i)", "torch.accelerator.synchronize(torch.device)",
                                  "the guard's synchronizeDevice(i)"])
+@pytest.mark.exclusive
 def test_synchronize_names_the_device(how, dt, n, cxx, backend):
     last = n - 1
     clause = {"torch.accelerator.synchronize(i)": "ST-DEVSYNC-001.1",
@@ -530,6 +540,7 @@ def test_wait_event_orders_consumer_after_producer(dt, backend, how):
 
 
 @contract("ST-REC-001")
+@pytest.mark.exclusive
 def test_record_stream_keeps_memory_until_the_stream_is_done(dt, backend, unclaimed):
     elements = 1 << 19
     device = torch.device(dt, 0)

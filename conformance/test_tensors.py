@@ -210,6 +210,7 @@ def test_copies_between_devices(dt, n, mod):
 
 @contract("TP-D2D-001")
 @pytest.mark.parametrize("how", ["Tensor.to", "copy_"])
+@pytest.mark.exclusive
 def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, n, mod, backend):
     """The source is written by work queued (and held) on its own device's
     current stream: the copy must read it only after that work, whichever
@@ -262,6 +263,7 @@ def test_copies_between_devices_wait_for_the_work_producing_the_source(how, dt, 
 
 @contract("TP-D2D-001")
 @pytest.mark.parametrize("how", ["Tensor.to", "copy_"])
+@pytest.mark.exclusive
 def test_a_copy_to_a_held_device_reads_memory_nobody_reuses_meanwhile(how, dt, n, mod, backend):
     """The target device's current stream is held when the copy is asked.
     Whatever the copy still has to read on the source device (the source, or
@@ -748,6 +750,7 @@ def same_scalar(a, b) -> bool:
 
 # decides TP-ITEM-001.1 TP-ITEM-001.2 TP-ITEM-001.3 TP-ITEM-001.4
 @contract("TP-ITEM-001")
+@pytest.mark.exclusive
 def test_item(dt, n, backend):
     device = torch.device(dt, n - 1)
     problems = []

@@ -209,6 +209,14 @@ def _distribution_of(module_name: str) -> str | None:
     package (None for a module found on the path, outside any distribution)."""
     top = module_name.split(".")[0]
     try:
+        # First the distribution named like the package (the usual case):
+        # scanning every installed distribution's files takes a second.
+        try:
+            named = metadata.distribution(top)
+        except metadata.PackageNotFoundError:
+            named = None
+        if named is not None and any(f.parts and f.parts[0] in (top, f"{top}.py") for f in named.files or ()):
+            return named.metadata["Name"]
         names = metadata.packages_distributions().get(top, [])
         if not names:
             # packages_distributions() (Python 3.11) infers packages from .py

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -75,12 +76,28 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args.append(f"--shard={args.shard}")
     pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
     pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
-    if args.jobs and args.jobs > 1:
+    if args.jobs > 1:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args
     # The reports' folder is named in the run's final summary.
     # pytest: 0 all passed, 1 some failed — both are complete runs.
     return int(pytest.main(pytest_args))
+
+
+def _jobs(value: str) -> int:
+    """-j: a positive number, or auto (the CPU cores this process may use)."""
+    if value == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # (no affinity on this platform)
+            return max(1, os.cpu_count() or 1)
+    try:
+        jobs = int(value)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of workers or auto, not {value!r}")
+    return jobs
 
 
 def _read_report(path: str) -> dict | None:
@@ -354,7 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", type=shard_mod.argparse_type, default=None, metavar="K/N",
                      help="run only shard K of N: a deterministic split of the selected tests (contracts and "
                           "operators) for a CI matrix of N jobs; `merge` combines the N reports (docs/reports.md)")
-    run.add_argument("-j", "--jobs", type=int, default=1, help="parallel workers (pytest-xdist)")
+    run.add_argument("-j", "--jobs", type=_jobs, default="auto",
+                     help="tests run at once, each worker a process (pytest-xdist): a number, or auto (the "
+                          "default): one per CPU core this process may use; 1 runs them one after another. "
+                          "Tests that observe timing or the whole device run alone whatever the number")
     run.add_argument("--contract", action="append", metavar="ID",
                      help="run only the tests of this contract (repeatable)")
     run.add_argument("--test", action="append", metavar="TEST",

@@ -14,6 +14,7 @@ the registry waives it with a reason (waive_check / waive_mutant).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,15 @@ def _python_mentions(path: Path, comments_only: bool = False) -> dict[str, set[s
     tests that reach the helper, directly or through other helpers: those
     are the checks that decide the clause. A helper no test reaches keeps
     the mention itself."""
+    stat = path.stat()
+    both = _python_scan(path, stat.st_mtime_ns, stat.st_size)
+    return {clause: set(owners) for clause, owners in both[comments_only].items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _python_scan(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]:
+    """(every mention, "# decides" comments only) of one file, parsed once
+    (a run asks for both; the file's mtime and size key the cache)."""
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source)
     tops = []   # (first line, last line, name, node) of top-level functions, classes and names bound once
@@ -54,42 +64,45 @@ def _python_mentions(path: Path, comments_only: bool = False) -> dict[str, set[s
     names = {name for _, _, name, _ in tops}
     uses = {name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names} - {name}
             for _, _, name, node in tops}
+    tests = [test for _, _, test, _ in tops if test.startswith("test_")]
+    reached = {}  # test -> every top-level name it reaches
+    for test in tests:
+        seen, todo = set(), [test]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(uses.get(name, ()))
+        reached[test] = seen
 
-    def reaching(target: str) -> list[str]:
-        tests = []
-        for _, _, test, _ in tops:
-            if not test.startswith("test_"):
-                continue
-            seen, todo = set(), [test]
-            while todo:
-                name = todo.pop()
-                if name == target:
-                    tests.append(test)
-                    break
-                if name not in seen:
-                    seen.add(name)
-                    todo.extend(uses.get(name, ()))
-        return tests
+    def owners_of(number: int) -> list[str]:
+        inside = [name for first, last, name, _ in tops if first <= number <= last]
+        following = [(first, name) for first, _, name, _ in tops if first > number]
+        if inside:
+            owner = inside[0]
+        elif following:
+            owner = min(following)[1]
+        else:
+            return []
+        if owner.startswith("test_"):
+            return [owner]
+        return [test for test in tests if owner in reached[test]] or [owner]
 
     found: dict[str, set[str]] = {}
+    comments: dict[str, set[str]] = {}
     for number, line in enumerate(source.splitlines(), start=1):
         if number in docstrings:
             continue
-        if comments_only:
-            comment = _DECIDES_COMMENT.search(line)
-            line = comment.group(1) if comment else ""
-        for match in CLAUSE_PATTERN.finditer(line):
-            inside = [name for first, last, name, _ in tops if first <= number <= last]
-            following = [(first, name) for first, _, name, _ in tops if first > number]
-            if inside:
-                owner = inside[0]
-            elif following:
-                owner = min(following)[1]
-            else:
-                continue
-            owners = [owner] if owner.startswith("test_") else reaching(owner) or [owner]
-            found.setdefault(match.group(0), set()).update(f"{path.name}::{o}" for o in owners)
-    return found
+        for table, text in ((found, line), (comments, _comment_text(line))):
+            for match in CLAUSE_PATTERN.finditer(text):
+                owners = owners_of(number)
+                table.setdefault(match.group(0), set()).update(f"{path.name}::{o}" for o in owners)
+    return ({c: frozenset(o) for c, o in found.items()}, {c: frozenset(o) for c, o in comments.items()})
+
+
+def _comment_text(line: str) -> str:
+    comment = _DECIDES_COMMENT.search(line)
+    return comment.group(1) if comment else ""
 
 
 def _cxx_mentions(path: Path) -> dict[str, set[str]]:

@@ -29,13 +29,14 @@ What it does for a run:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import shlex
-import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
 from . import isolation, operators as operators_mod, registry as registry_mod, shard as shard_mod, versions
+from . import turns as turns_mod
 from privateuse1_conformance.reports.text import one_line
 
 from .results import RunRecorder, cause_of
@@ -103,6 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{REQUIRES}(*features): the test needs these features although its contracts do not; "
         "without them it is no evidence (inconclusive), never a failure"
     )
+    config.addinivalue_line("markers", turns_mod.MARKER_HELP)
     if config.getoption("backend"):
         if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
             # `pytest --backend=X` with no path and no testpaths: the installed
@@ -117,29 +120,55 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _preflight_import(module_name: str) -> None:
-    """Import the backend in a throw-away process first: a backend that crashes
-    or hangs on import must give a clear message, not kill the run silently."""
-    code = ("import importlib, sys, torch\n"
-            "claimed = torch._C._get_privateuse1_backend_name()\n"
-            f"if claimed != 'privateuseone' and {module_name!r} not in sys.modules:\n"
-            "    print('CLAIMED ' + claimed)\n"
-            "    sys.exit(3)\n"
-            f"importlib.import_module({module_name!r})\n")
+    """Import the backend in a throw-away process first (a fork of this one,
+    which has imported torch and nothing of the backend): a backend that
+    crashes or hangs on import must give a clear message, not kill the run
+    silently."""
+
+    def question() -> dict:
+        import torch
+
+        claimed = torch._C._get_privateuse1_backend_name()
+        if claimed != "privateuseone" and module_name not in sys.modules:
+            return {"claimed": claimed}  # (another backend, e.g. autoloaded by import torch)
+        importlib.import_module(module_name)
+        return {}
+
     try:
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                timeout=PREFLIGHT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise pytest.UsageError(
-            f"importing the backend module {module_name!r} did not finish within "
-            f"{PREFLIGHT_TIMEOUT:g} s (hang on import)") from None
-    claimed = [line[len("CLAIMED "):] for line in result.stdout.splitlines() if line.startswith("CLAIMED ")]
-    if result.returncode == 3 and claimed:  # (another backend, e.g. autoloaded by import torch)
-        raise pytest.UsageError(backend_mod.already_claimed(claimed[0], module_name))
-    if result.returncode != 0:
-        cause = (f"was killed by signal {-result.returncode}" if result.returncode < 0
-                 else f"failed (exit status {result.returncode})")
-        raise pytest.UsageError(
-            f"importing the backend module {module_name!r} {cause}:\n{result.stderr[-4000:]}")
+        answer = bounded.ask(question, f"importing the backend module {module_name!r}", limit=PREFLIGHT_TIMEOUT)
+    except bounded.BackendProbeError as e:
+        hint = " (hang on import)" if "did not return within" in str(e) else ""
+        details = f":\n{e.details[-4000:]}" if e.details else ""
+        raise pytest.UsageError(f"{e}{hint}{details}") from None
+    if answer.get("claimed"):
+        raise pytest.UsageError(backend_mod.already_claimed(answer["claimed"], module_name))
+
+
+# The suite's longest tests (seconds to minutes each: an OpInfo entry's
+# every dtype and check, a compile with Inductor), by module: a parallel run
+# starts them first.
+LONG_MODULES = ("test_opinfo.py", "test_inductor.py", "test_amp_compile.py", "test_autoload.py")
+
+
+def _long(item: pytest.Item) -> bool:
+    return item.path.name in LONG_MODULES and not _placeholder(item)
+
+
+def _warm_imports() -> bool:
+    import torch._dynamo  # noqa: F401
+    import torch._meta_registrations  # noqa: F401
+
+    return True
+
+
+# The one parameter of the operators area's test when the run cannot select
+# the area (ConformanceSession.operator_keys).
+NOT_SELECTED = "(not selected)"
+
+
+def _placeholder(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("opinfo_key") == NOT_SELECTED
 
 
 def _empty_parameter_set(item: pytest.Item) -> bool:
@@ -216,8 +245,17 @@ class ConformanceSession:
             self.unclaimed.add("multi-device")
         if not manifest.backend_metadata:  # (only a declared sample can be checked)
             self.unclaimed.add("backend-metadata")
-        if self.setup_problem is None:
-            self._warm()
+        # Imports that the parent warms for the forked tests, tried first in
+        # a probe process while the suite is collected (_warm).
+        self._warming: bounded.Pending | None = None
+        if self.setup_problem is None and not self._is_controller():
+            self._warming = bounded.start(_warm_imports, "importing torch._dynamo (which runs the backend's "
+                                          "import hooks)", limit=max(self.timeout, 30.0))
+        # Parallel runs (pytest-xdist): the workers' turns (harness/turns.py).
+        # The controller makes the folder its workers share.
+        self._turns_folder: str | None = None
+        folder = getattr(config, "workerinput", {}).get(turns_mod.WORKER_INPUT)
+        self.turns = turns_mod.Turns(folder) if folder else None
         self.covered: set[str] = set()
         # The run's selection (provenance.selection): what narrowed it, and
         # the tests it selected (before a --shard split).
@@ -249,8 +287,15 @@ class ConformanceSession:
             return {}
         return {_opinfo.op_key(op): op for op in _opinfo.load_op_db()}
 
-    def operator_keys(self) -> list[str]:
-        """The OpInfo entries this run checks (--operators)."""
+    def operator_keys(self, contracts: Iterable[str] = ()) -> list[str]:
+        """The OpInfo entries this run checks (--operators) for a test of
+        `contracts`. When the run cannot select that test (its level or
+        --contract leaves the contracts out), one placeholder instead: the
+        OpInfo database is not imported (seconds) for an area that does not
+        run, and the placeholder is covered and deselected like the area's
+        tests would be."""
+        if contracts and not self.may_select(contracts):
+            return [NOT_SELECTED]
         if self.config.getoption("operators").strip() == "none" or self.setup_problem:
             return []  # (with a setup problem nothing runs: the backend is not asked again)
         if not self._op_index:
@@ -263,6 +308,16 @@ class ConformanceSession:
 
     def operator(self, key: str):
         return self._op_index[key]
+
+    def may_select(self, contracts: Iterable[str]) -> bool:
+        """Whether a test of `contracts` can be selected by this run's level,
+        --contract and torch (the rules of pytest_collection_modifyitems)."""
+        contracts = list(contracts)
+        if any(c in self.left_out or c not in self.registry.contracts for c in contracts):
+            return False
+        rank = registry_mod.LEVELS.index(self.level)
+        in_level = min(self.registry.contracts[c].level_rank for c in contracts) <= rank
+        return in_level and (not self.only or bool(self.only.intersection(contracts)))
 
     # ------------------------------------------------------------ helpers
 
@@ -301,28 +356,27 @@ class ConformanceSession:
             return 0, False
         return int(answer["count"]), bool(answer["initialized"])
 
+    def _is_controller(self) -> bool:
+        """Whether this process is pytest-xdist's controller (it runs no test)."""
+        return getattr(self.config.option, "dist", "no") != "no" and not hasattr(self.config, "workerinput")
+
     def _warm(self) -> None:
         """Import in the parent what PyTorch imports lazily on the first
         operator that needs a Python meta kernel (seconds), so that forked
         tests do not each pay for it. Importing torch._dynamo runs the
         backend's own import hooks (a device interface registering itself
-        per device), so it is tried first in a bounded probe: a backend that
-        hangs or crashes there costs the tests that compile, not the run."""
-
-        def question() -> bool:
-            import torch._dynamo  # noqa: F401
-            import torch._meta_registrations  # noqa: F401
-
-            return True
-
+        per device), so it was tried first in a probe process, started
+        before collection: a backend that hangs or crashes there costs the
+        tests that compile, not the run."""
+        pending, self._warming = self._warming, None
+        if pending is None:
+            return
         try:
-            bounded.ask(question, "importing torch._dynamo (which runs the backend's import hooks)",
-                        limit=max(self.timeout, 30.0))
+            pending.result()
         except bounded.BackendProbeError as e:
             self.warnings.append(f"{e}; the parent did not import it, so each test imports it itself")
             return
-        import torch._dynamo  # noqa: F401
-        import torch._meta_registrations  # noqa: F401
+        _warm_imports()
 
     # ------------------------------------------------------- clauses
 
@@ -469,13 +523,17 @@ class ConformanceSession:
                 continue
             self.covered.update(ids)
             in_level = min(self.registry.contracts[c].level_rank for c in ids) <= rank
-            if in_level and (not self.only or self.only.intersection(ids)) and self.selects(item):
+            if _placeholder(item):
+                deselected.append(item)  # (operator_keys: the operators area cannot be selected)
+            elif in_level and (not self.only or self.only.intersection(ids)) and self.selects(item):
                 selected.append(item)
             else:
                 deselected.append(item)
         if problems:
             raise pytest.UsageError("invalid contract declarations:\n  " + "\n  ".join(problems))
-        unmatched = [e for e in self.expectations if e.test is not None and not any(
+        # (an expectation of a contract this run cannot select is not looked
+        # at: its tests may not even be parametrized, see operator_keys)
+        unmatched = [e for e in self.expectations if e.test is not None and self.may_select([e.contract]) and not any(
             e.contract in self.contracts_of(item) and e.covers(self.test_id(item.nodeid)) for item in items)]
         if unmatched:
             raise pytest.UsageError(
@@ -483,6 +541,10 @@ class ConformanceSession:
                     f"{e.contract} test {e.test!r}" for e in unmatched))
         if deselected:
             config.hook.pytest_deselected(items=deselected)
+        if hasattr(config, "workerinput"):
+            # Parallel run: the longest tests first, so that no worker is
+            # left with one of them at the end while the others idle.
+            selected.sort(key=lambda item: not _long(item))
         items[:] = selected
         self._ours = {self.test_id(item.nodeid) for item in selected}
         if hasattr(config, "workeroutput"):  # xdist worker: tell the controller
@@ -497,6 +559,7 @@ class ConformanceSession:
         # Read the suite's sources for the clauses once, here, before any
         # test is forked (each forked test would read them again).
         self._static_clauses  # noqa: B018
+        self._warm()
         final = {self.test_id(item.nodeid) for item in session.items}
         ids = self.sharding.ids if self.sharding is not None else final
         self.selected_ids = sorted(ids)
@@ -550,6 +613,19 @@ class ConformanceSession:
                 return False
             path = Path(locations[0])
         return path.resolve() == self.suite_dir
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:  # xdist controller, for each worker
+        if self._turns_folder is None:
+            self._turns_folder = turns_mod.create_folder()
+        node.workerinput[turns_mod.WORKER_INPUT] = self._turns_folder
+
+    @property
+    def workers(self) -> int:
+        """How many processes ran tests at once (pytest-xdist's workers, else 1)."""
+        if not self._is_controller():
+            return 1
+        return max(1, int(getattr(self.config.option, "numprocesses", 1) or 1))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:  # xdist controller
@@ -611,17 +687,25 @@ class ConformanceSession:
                 "operator": item.callspec.params["opinfo_key"],
                 "cells": {operators_mod.ALL_DTYPES: {"forward": ["not-claimed", reason, 0]}}}))
             reports = [report]
-        elif self.isolation == "fork":
-            reports = self._go_on_after_crash(item, isolation.run_forked(item, self.timeout))
         else:
-            from _pytest.runner import runtestprotocol
+            with self._turn(item):
+                if self.isolation == "fork":
+                    reports = self._go_on_after_crash(item, isolation.run_forked(item, self.timeout))
+                else:
+                    from _pytest.runner import runtestprotocol
 
-            reports = runtestprotocol(item, log=False, nextitem=nextitem)
+                    reports = runtestprotocol(item, log=False, nextitem=nextitem)
         for report in reports:
             self._finalize(report, contracts, unclaimed)
             item.ihook.pytest_runtest_logreport(report=report)
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def _turn(self, item: pytest.Item):
+        """This worker's turn to run `item` (harness/turns.py); none outside a parallel run."""
+        if self.turns is None:
+            return contextlib.nullcontext()
+        return self.turns.turn(exclusive=item.get_closest_marker(turns_mod.MARKER) is not None)
 
     def _go_on_after_crash(self, item: pytest.Item, reports: list[pytest.TestReport]) -> list[pytest.TestReport]:
         """An operators-area test whose process crashed goes on in a fresh
@@ -845,6 +929,12 @@ class ConformanceSession:
         self.recorder.print_details(terminalreporter)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._warming is not None:  # (collection ended early: no test ran)
+            self._warming.cancel()
+        if self.turns is not None:
+            self.turns.close()
+        if self._turns_folder is not None:
+            turns_mod.remove_folder(self._turns_folder)
         # After pytest's own summary and final line: the table, the level and
         # the blocking contracts are the last thing a vendor reads.
         terminal = config.pluginmanager.get_plugin("terminalreporter")

@@ -218,6 +218,7 @@ def collect(session: ConformanceSession, started: float, duration: float) -> Pro
         working_directory=os.getcwd(),
         level_checked=session.level,
         isolation=session.isolation,
+        workers=session.workers,
         timeout_s=session.timeout,
         seeds=_seeds(session),
         manifest=_file_record(backend.manifest.path),

@@ -131,7 +131,7 @@ PROVENANCE_ORDER = (
     "backend_name", "backend_requested", "backend_module", "backend_version", "backend_file", "device_type",
     "device_count", "kit_version", "kit_commit", "registry", "torch_version", "torch_build", "torch_cxx11_abi",
     "torch_git_version", "python", "packages", "platform", "command_line", "working_directory", "level_checked",
-    "isolation", "timeout_ms", "manifest", "expectations", "seeds", "environment", "started", "duration_ms",
+    "isolation", "workers", "timeout_ms", "manifest", "expectations", "seeds", "environment", "started", "duration_ms",
     "shard", "shards", "selection", "kit_files", "backend_files", "warnings",
 )
 
@@ -140,7 +140,8 @@ def _provenance_document(provenance: Provenance) -> dict[str, Any]:
     fields = dataclasses.asdict(provenance)
     fields["timeout_ms"] = _ms(fields.pop("timeout_s"))
     fields["duration_ms"] = _ms(fields.pop("duration_s"))
-    return {key: fields[key] for key in PROVENANCE_ORDER}
+    return {key: fields[key] for key in PROVENANCE_ORDER
+            if not (key == "workers" and fields[key] is None)}  # (a report of an earlier kit: not recorded)
 
 
 def _group_summary(contracts: list[dict[str, Any]]) -> dict[str, Any]:

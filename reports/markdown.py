@@ -95,7 +95,8 @@ def _overview(document: dict[str, Any]) -> list[str]:
         + f" · checked up to {provenance['level_checked']}"
         + f" · {summary.get('claimed_satisfied', summary['satisfied'])} of {claimed_count} claimed contracts "
           f"satisfied ({satisfied_percent(document)}%)"
-        + f" · {provenance['duration_ms'] / 1000:.1f} s")
+        + f" · {provenance['duration_ms'] / 1000:.1f} s"
+        + (f" on {provenance['workers']} workers" if provenance.get("workers", 1) > 1 else ""))
     if summary.get("claimed_optional_features") is not None:
         unclaimed = sorted(set(summary["optional_features"]) - set(summary["claimed_optional_features"]))
         lines += ["", "Optional features claimed: "

@@ -32,7 +32,7 @@ from .text import one_line
 # files are compared by content: CI jobs may check out or install to other
 # folders (the merged report keeps the first shard's paths).
 PER_SHARD = ("started", "duration_ms", "command_line", "working_directory", "platform", "warnings", "shard",
-             "shards", "backend_file")
+             "shards", "backend_file", "workers")
 FILE_RECORDS = ("manifest", "expectations", "registry")
 # Summary members the run's settings decide (the rest is recomputed).
 SETTINGS = ("claimed_level", "optional_features", "unclaimed_features", "uncovered", "level_requirements")
@@ -145,6 +145,8 @@ def _provenance(documents: list[dict[str, Any]], runs: list[Run]) -> Provenance:
         warnings=list(dict.fromkeys(w for r in runs for w in r.provenance.warnings)),
         shard=None,
         shards=records,
+        # (each job's own: the most processes any one of them ran at once)
+        workers=max((r.provenance.workers for r in runs if r.provenance.workers), default=None),
     )
 
 

@@ -360,6 +360,8 @@ class Provenance:
     # by path relative to the kit's package / the backend's package (format 5).
     kit_files: dict[str, str] = field(default_factory=dict)
     backend_files: dict[str, str] = field(default_factory=dict)
+    # How many processes ran tests at once (pytest-xdist's workers; format 5, absent from earlier kits' reports).
+    workers: int | None = None
 
 
 def selection_digest(test_ids) -> str:

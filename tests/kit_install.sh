@@ -2,7 +2,8 @@
 # The kit installed the way a vendor installs it, timed step by step:
 #   1. a fresh virtual environment with nothing but torch==2.13.0;
 #   2. one `pip install <this repository>`: the kit alone (no OpenReg, no CMake);
-#   3. from an unrelated folder, `privateuse1-conformance run` and `pytest --backend`
+#   3. from an unrelated folder, `privateuse1-conformance run` (the whole suite,
+#      the default workers) and `pytest --backend` (the core level, one worker)
 #      against a backend that is not part of the kit (the first use compiles
 #      the kit's C++ probe into a fresh cache).
 # usage: tests/kit_install.sh WORKDIR BACKEND BACKEND_PYTHONPATH MANIFEST
@@ -34,5 +35,5 @@ step probe "$work/venv/bin/python" -m privateuse1_conformance.conformance._probe
 step cli-run "$work/venv/bin/privateuse1-conformance" run --backend "$backend" --manifest "$manifest" \
   --report-dir "$work/cli-report"
 step pytest-run "$work/venv/bin/python" -m pytest -p no:cacheprovider -q --backend="$backend" \
-  --manifest="$manifest" --report-dir="$work/pytest-report"
+  --manifest="$manifest" --level=core --report-dir="$work/pytest-report"
 cat "$times"

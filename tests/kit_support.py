@@ -4,10 +4,13 @@ the JSON report it writes."""
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +58,112 @@ def run_pytest(args: list[str], cwd: Path, env: dict | None = None, timeout: flo
 def run_suite(backend: str, cwd: Path, *args: str, env: dict | None = None, timeout: float = 900) -> SuiteRun:
     """Run the whole conformance suite against `backend`."""
     return run_pytest([f"--backend={backend}", "--pyargs", SUITE, *args], cwd, env, timeout)
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder of this test session's, the same in every pytest-xdist worker
+    (under the session's base temporary folder: pytest removes old ones)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def shared_run(tmp_path_factory, name: str, produce: Callable[[Path], SuiteRun]) -> SuiteRun:
+    """`produce(folder)`'s run, made once per test session and shared by the
+    tests of every pytest-xdist worker that need the same run: the first
+    makes it (in a folder of its own) while the others wait, then each reads
+    it. A whole-suite run of a fixture backend costs minutes; the tests that
+    judge it need not pay it each."""
+    folder = shared_folder(tmp_path_factory)
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = folder / f"{name}.json"
+        if record.exists():
+            return SuiteRun(**json.loads(record.read_text()))
+        work = folder / name
+        work.mkdir()
+        run = produce(work)
+        record.write_text(json.dumps(dataclasses.asdict(run)))
+        return run
+
+
+# --- the CI recipe (docs/ci/conformance.sh) on the independent fixture backend
+
+CI_SCRIPT = REPO / "docs" / "ci" / "conformance.sh"
+PU1_SYNC_MANIFEST = REPO / "tests" / "fixtures" / "pu1_sync" / "manifest.toml"
+BIN = Path(sys.executable).parent
+
+
+def pu1_sync_site(site: Path) -> str:
+    """PYTHONPATH for pu1_sync as a vendor's CI has it: importable, and
+    installed as a versioned distribution in `site` (verify refuses a
+    backend without a version; the fixture module has none)."""
+    if not any((FIXTURE_DIR / "pu1_sync").glob("_C*")):
+        raise AssertionError(f"the fixture backend pu1_sync is not built in {FIXTURE_DIR}: run make build")
+    info = site / "pu1_sync-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pu1-sync\nVersion: 0.1.0\n")
+    (info / "top_level.txt").write_text("pu1_sync\n")
+    return os.pathsep.join((str(FIXTURE_DIR), str(site)))
+
+
+def ci_env(folder: Path, **settings: str) -> dict:
+    """The environment of a CI job that has torch, the backend and the kit
+    installed (this interpreter's environment), with GitHub's job summary
+    in `folder`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_")) and k not in (
+               "BACKEND", "KIT", "BACKEND_PACKAGE", "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")}
+    env["PATH"] = os.pathsep.join((str(BIN), env.get("PATH", "")))
+    summary = folder / "step-summary.md"
+    summary.touch()
+    env["GITHUB_STEP_SUMMARY"] = str(summary)
+    env.update(settings)
+    return env
+
+
+def ci_settings(backend_path: str, **more: str) -> dict:
+    return {"BACKEND": "pu1_sync", "KIT": "", "BACKEND_PACKAGE": "", "PYTHON": sys.executable,
+            "MANIFEST": str(PU1_SYNC_MANIFEST), "PYTHONPATH": backend_path, **more}
+
+
+def ci_script(cwd: Path, env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CI_SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def pu1_sync_ci_run(tmp_path_factory) -> tuple[Path, dict, SuiteRun]:
+    """(its folder, its environment, the run) of the CI recipe's script with
+    its defaults against pu1_sync: the whole suite, two devices, the level
+    the manifest claims, the CLI's default workers. Made once per test
+    session: test_ci_recipe.py judges the recipe by it, test_kit_fairness.py
+    the kit's verdicts on a backend it did not write."""
+
+    def produce(work: Path) -> SuiteRun:
+        env = ci_env(work, **ci_settings(pu1_sync_site(work / "site")))
+        proc = ci_script(work, env)
+        report = work / "conformance-report" / "report.json"
+        return SuiteRun(proc.returncode, proc.stdout, proc.stderr,
+                        json.loads(report.read_text()) if report.exists() else None)
+
+    run = shared_run(tmp_path_factory, "pu1_sync-ci", produce)
+    work = shared_folder(tmp_path_factory) / "pu1_sync-ci"
+    return work, ci_env(work, **ci_settings(os.pathsep.join((str(FIXTURE_DIR), str(work / "site"))))), run
+
+
+# A few operators: the runs of the other fixture backends are about the
+# contracts' verdicts (the operators area's own tests are test_kit_operators.py).
+FEW_OPERATORS = "--operators=add,mul,sum"
+
+
+def pu1_minimal_run(tmp_path_factory) -> tuple[Path, SuiteRun]:
+    """(its report's folder, the run) of the suite against the deliberately
+    minimal fixture backend, with a few operators: made once per test session
+    for test_kit_fixture_backends.py and test_reports_run.py."""
+    run = shared_run(tmp_path_factory, "pu1_minimal",
+                     lambda work: run_suite("pu1_minimal", work, "--contract-timeout=20", FEW_OPERATORS))
+    return shared_folder(tmp_path_factory) / "pu1_minimal" / "report", run
 
 
 # For scratch suites: a passing scratch test decides every clause of its

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit_support import FIXTURE_DIR, REPO
+from kit_support import FIXTURE_DIR, REPO, ci_env, ci_script, ci_settings, pu1_sync_ci_run, pu1_sync_site
 from privateuse1_conformance.harness.registry import LEVELS
 
 SCRIPT = REPO / "docs" / "ci" / "conformance.sh"
@@ -178,52 +178,22 @@ def test_script_is_executable_and_shellcheck_clean():
 # --- running it ---------------------------------------------------------------------
 
 
-def _base_env(tmp_path: Path, **settings: str) -> dict:
-    """The environment of a CI job that has torch, the backend and the kit
-    installed (this interpreter's environment), with GitHub's job summary."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_")) and k not in (
-               "BACKEND", "KIT", "BACKEND_PACKAGE", "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")}
-    env["PATH"] = os.pathsep.join((str(BIN), env.get("PATH", "")))
-    summary = tmp_path / "step-summary.md"
-    summary.touch()
-    env["GITHUB_STEP_SUMMARY"] = str(summary)
-    env.update(settings)
-    return env
-
-
-def _script(cwd: Path, env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+_base_env, _script, _settings = ci_env, ci_script, ci_settings
 
 
 @pytest.fixture(scope="module")
 def backend_path(tmp_path_factory) -> str:
-    """PYTHONPATH for pu1_sync as a vendor's CI has it: importable, and
-    installed as a versioned distribution (verify refuses a backend without a
-    version; the fixture module has none)."""
-    if not any((FIXTURE_DIR / "pu1_sync").glob("_C*")):
-        pytest.fail(f"the fixture backend pu1_sync is not built in {FIXTURE_DIR}: run make build")
-    site = tmp_path_factory.mktemp("site")
-    info = site / "pu1_sync-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pu1-sync\nVersion: 0.1.0\n")
-    (info / "top_level.txt").write_text("pu1_sync\n")
-    return os.pathsep.join((str(FIXTURE_DIR), str(site)))
-
-
-def _settings(backend_path: str, **more: str) -> dict:
-    return {"BACKEND": "pu1_sync", "KIT": "", "BACKEND_PACKAGE": "", "PYTHON": sys.executable,
-            "MANIFEST": str(MANIFEST), "PYTHONPATH": backend_path, **more}
+    return pu1_sync_site(tmp_path_factory.mktemp("site"))
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory, backend_path):
+def full_run(tmp_path_factory):
     """The whole suite against pu1_sync, which claims and reaches the top
     level, with the defaults: the report in ./conformance-report, the level
-    the manifest claims."""
-    work = tmp_path_factory.mktemp("ci-full")
-    env = _base_env(work, **_settings(backend_path))
-    return work, env, _script(work, env)
+    the manifest claims (shared with test_kit_fairness.py, which judges its
+    verdicts)."""
+    work, env, run = pu1_sync_ci_run(tmp_path_factory)
+    return work, env, subprocess.CompletedProcess([str(SCRIPT)], run.returncode, run.stdout, run.stderr)
 
 
 def test_a_conforming_backend_passes_the_gate(full_run):

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kit_support import FIXTURE_DIR, run_suite
+from kit_support import FEW_OPERATORS, FIXTURE_DIR, pu1_minimal_run, run_suite
 from privateuse1_conformance.harness import registry as registry_mod
 
 FAILURE_VERDICTS = {"fail", "error"}
-# A few operators: these runs are about the contracts' verdicts (the
-# operators area's own tests are test_kit_operators.py).
-OPERATORS = "--operators=add,mul,sum"
+OPERATORS = FEW_OPERATORS
 
 pytestmark = pytest.mark.skipif(
     not any(FIXTURE_DIR.glob("pu1_minimal*.so")), reason="fixture backends are not built (make build)")
@@ -25,7 +23,7 @@ def registry():
 
 @pytest.fixture(scope="module")
 def minimal_run(tmp_path_factory):
-    return run_suite("pu1_minimal", tmp_path_factory.mktemp("minimal"), "--contract-timeout=20", OPERATORS)
+    return pu1_minimal_run(tmp_path_factory)[1]  # (shared with test_reports_run.py)
 
 
 @pytest.fixture(scope="module")

@@ -70,9 +70,31 @@ def test_the_suite_ran_from_an_unrelated_folder(installed, how):
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((work / f"{how}-report" / "report.json").read_text())
     summary, provenance = report["summary"], report["provenance"]
-    # The backend is called by its manifest's name, and the whole suite ran and passed.
+    # The backend is called by its manifest's name, and the suite ran and
+    # passed: all of it by the CLI, its core level by pytest.
     assert provenance["backend_name"] == "pu1_sync"
     assert report["complete"]
-    assert summary["level_reached"] == summary["claimed_level"] == "full", summary["verdicts"]
+    assert summary["claimed_level"] == "full"
+    assert summary["level_reached"] == ("full" if how == "cli" else "core"), summary["verdicts"]
     # The probe was compiled into the fresh cache (first use), not found elsewhere.
     assert list((work / "probe-cache").glob("torch-*/_cxx*.so"))
+
+
+def test_the_verdicts_do_not_depend_on_the_number_of_workers(installed):
+    """The CLI ran the whole suite with its default (one worker per core),
+    pytest its core level with one: every test and contract both ran has the
+    same verdict on the independent backend."""
+    work, result = installed
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = {how: json.loads((work / f"{how}-report" / "report.json").read_text()) for how in ("cli", "pytest")}
+    assert reports["cli"]["provenance"]["workers"] == len(os.sched_getaffinity(0))
+    assert reports["pytest"]["provenance"]["workers"] == 1
+
+    def verdicts(report: dict) -> dict[str, str]:
+        tests = {t["nodeid"]: t["verdict"] for c in report["contracts"] for t in c["tests"]}
+        return {**tests, **{c["id"]: c["verdict"] for c in report["contracts"]}}
+
+    parallel, serial = verdicts(reports["cli"]), verdicts(reports["pytest"])
+    assert len(serial) > 100
+    differ = {k: (v, parallel.get(k)) for k, v in serial.items() if parallel.get(k) != v}
+    assert not differ, f"verdicts that differ between 1 worker and {reports['cli']['provenance']['workers']}: {differ}"

@@ -313,3 +313,34 @@ def test_an_operator_that_draws_only_for_some_samples_is_not_compared_by_value(t
     assert dropout["float32"]["noncontiguous"] == "skip"    # random: values are not compared
     add = {c["dtype"]: c["checks"] for c in operators["add"]["cells"]}
     assert add["float32"]["noncontiguous"] == "pass"         # not random: compared by value
+
+
+OPDB_PROBE = '''
+import sys
+
+def pytest_unconfigure(config):
+    loaded = "torch.testing._internal.common_methods_invocations" in sys.modules
+    print(f"OPINFO-DATABASE-IMPORTED={loaded}")
+'''
+
+
+@pytest.mark.parametrize("args, imported", [
+    (["--contract=DM-COUNT-001"], False),
+    (["--level=core", "--contract=DM-COUNT-001,OP-INFO-001"], False),  # (OP-INFO-001 is above core)
+    (["--contract=OP-INFO-001", "--operators=add"], True),
+])
+def test_the_opinfo_database_is_imported_only_when_the_operators_area_can_run(tmp_path, args, imported):
+    """Importing PyTorch's OpInfo database costs seconds: a run whose level
+    or --contract leaves the operators area out does not import it, and
+    still counts the area's contracts as covered (not "without any test").
+    An expectation of an operator test is not an error there."""
+    (tmp_path / "opdb_probe.py").write_text(OPDB_PROBE)
+    (tmp_path / "expect.toml").write_text(
+        '[[expect]]\ncontract = "OP-INFO-001"\ntest = "test_opinfo.py::test_operator[add]"\n'
+        'reason = "an expectation of an operator test"\n')
+    run = run_suite("openreg", tmp_path, "-p", "opdb_probe", "--expectations=expect.toml", *args,
+                    env={"PYTHONPATH": str(tmp_path)})
+    assert run.report is not None, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"OPINFO-DATABASE-IMPORTED={imported}" in run.stdout, run.stdout[-3000:]
+    assert run.report["summary"]["uncovered"] == []
+    assert run.returncode == 0, run.stdout[-3000:]

@@ -19,6 +19,7 @@ mutant 20 times on a busy machine. Every ordering mutant 20 times (marker
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -277,6 +278,15 @@ def _pick(commit: str, salt: str, choices: list) -> object:
     return choices[int(hashlib.sha256(f"{commit}:{salt}".encode()).hexdigest(), 16) % len(choices)]
 
 
+@functools.lru_cache(maxsize=1)
+def _changed_checks() -> frozenset[str]:
+    """The checks whose code changed since the matrix was recorded (seconds
+    to compute: the same for every commit the sample is drawn for)."""
+    recorded = (_matrix().get("tree") or {}).get("checks", {})
+    return frozenset(c for c, digest in mutants_mod.check_digests(REPO, list(recorded)).items()
+                     if recorded[c] != digest)
+
+
 def sample(registry, contracts, commit: str) -> dict[str, list[str]]:
     """configuration -> mutants to re-prove: for each contract area, a
     mutant and a configuration chosen by `commit` (a configuration in which
@@ -291,8 +301,7 @@ def sample(registry, contracts, commit: str) -> dict[str, list[str]]:
         owed = [c for c in mutants_mod.CONFIGURATIONS if mutants_mod.expected_status(mutant, c) == "killed"]
         chosen[_pick(commit, f"{area}/configuration", owed)].add(mutant.id)
     matrix = _matrix()
-    recorded = (matrix.get("tree") or {}).get("checks", {})
-    changed = {c for c, digest in mutants_mod.check_digests(REPO, list(recorded)).items() if recorded[c] != digest}
+    changed = _changed_checks()
     for configuration, result in matrix["configurations"].items():
         for outcome in result["outcomes"]:
             mutant = registry.mutants.get(outcome["mutant"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kit_support import DECIDE_ALL, FIXTURE_DIR, run_pytest, verify_problems
+from kit_support import DECIDE_ALL, FIXTURE_DIR, pu1_minimal_run, run_pytest, verify_problems
 from privateuse1_conformance.reports import json_report, writer
 from privateuse1_conformance.reports.model import Verdict
 
@@ -41,12 +41,12 @@ def reference(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def minimal(tmp_path_factory) -> Path:
+    """The minimal fixture backend's run (shared with test_kit_fixture_backends.py)."""
     if not any(FIXTURE_DIR.glob("pu1_minimal*.so")):
         pytest.skip("fixture backends are not built (make build)")
-    folder = tmp_path_factory.mktemp("minimal")
-    run = cli("run", "--backend", "pu1_minimal", "--timeout", "20", "--report-dir", "out", cwd=folder)
+    folder, run = pu1_minimal_run(tmp_path_factory)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    return folder / "out"
+    return folder
 
 
 def test_reference_run_leaves_every_format(reference):
