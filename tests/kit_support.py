@@ -82,7 +82,7 @@ def shared_run(tmp_path_factory, name: str, produce: Callable[[Path], SuiteRun])
         if record.exists():
             return SuiteRun(**json.loads(record.read_text()))
         work = folder / name
-        work.mkdir()
+        work.mkdir(exist_ok=True)  # (left by a maker that failed: made again)
         run = produce(work)
         record.write_text(json.dumps(dataclasses.asdict(run)))
         return run
@@ -102,7 +102,7 @@ def pu1_sync_site(site: Path) -> str:
     if not any((FIXTURE_DIR / "pu1_sync").glob("_C*")):
         raise AssertionError(f"the fixture backend pu1_sync is not built in {FIXTURE_DIR}: run make build")
     info = site / "pu1_sync-0.1.0.dist-info"
-    info.mkdir(parents=True)
+    info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pu1-sync\nVersion: 0.1.0\n")
     (info / "top_level.txt").write_text("pu1_sync\n")
     return os.pathsep.join((str(FIXTURE_DIR), str(site)))
