@@ -18,6 +18,9 @@ PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
 # each start would otherwise compile the kit again (seconds each).
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
+# ccache (a system package below) keys compiled objects by paths relative to
+# the checkout, so a fresh clone anywhere reuses what an earlier one compiled.
+export CCACHE_BASEDIR := $(CURDIR)
 
 .PHONY: conformance test test-process mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
@@ -126,9 +129,10 @@ $(VENV)/.pip-stamp: pyproject.toml Makefile
 	touch $@
 
 # GoogleTest and CMake build the C++ parts (Google Benchmark the C++
-# benchmarks); clang's libFuzzer fuzzes the runtime; chromium checks the HTML
+# benchmarks), ccache keeps what they compiled for the next build or clone;
+# clang's libFuzzer fuzzes the runtime; chromium checks the HTML
 # report in a real (headless) browser.
-SYSTEM_PACKAGES := libgtest-dev libbenchmark-dev cmake g++ clang-14 libclang-rt-14-dev chromium
+SYSTEM_PACKAGES := libgtest-dev libbenchmark-dev cmake ccache g++ clang-14 libclang-rt-14-dev chromium
 
 system-packages:
 	@if ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \

@@ -57,13 +57,13 @@ def _restore_device_zero(request):
 
 # The modules that run whole suites (minutes each), in the order they start
 # in a parallel run (`make test`: -n 2 --dist loadfile --no-loadscope-reorder,
-# which hands each worker two modules at first, then one whenever it is
-# free): the longest first, so that none is left running alone at the end;
-# test_ci_recipe.py (which makes the pu1_sync run test_kit_fairness.py reads,
-# kit_support.py) well before test_kit_fairness.py, so that no worker waits
-# for the other's run.
-LONG_MODULES = ("test_kit_install.py", "test_ci_recipe.py", "test_mutants.py", "test_reports_run.py",
-                "test_kit_fairness.py", "test_kit_fixture_backends.py")
+# which hands a worker the next module when its current one has two tests
+# left): the longest first, so that none is left running alone at the end.
+# test_kit_install.py makes the install-and-run of the kit that
+# test_ci_recipe.py and test_kit_fairness.py judge too (kit_support.py): those
+# two come last, so that the other worker does not wait for it.
+LONG_MODULES = ("test_kit_install.py", "test_mutants.py", "test_reports_run.py", "test_kit_fixture_backends.py")
+LAST_MODULES = ("test_ci_recipe.py", "test_kit_fairness.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,6 +72,7 @@ def pytest_collection_modifyitems(config, items):
         if item.path.name in BACKEND_MODULES and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(180))
     rank = {name: k for k, name in enumerate(LONG_MODULES)}
+    rank.update({name: len(LONG_MODULES) + 1 + k for k, name in enumerate(LAST_MODULES)})
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))
 
 

@@ -133,23 +133,57 @@ def ci_script(cwd: Path, env: dict, *args: str, timeout: float = 900) -> subproc
                           timeout=timeout)
 
 
-def pu1_sync_ci_run(tmp_path_factory) -> tuple[Path, dict, SuiteRun]:
-    """(its folder, its environment, the run) of the CI recipe's script with
-    its defaults against pu1_sync: the whole suite, two devices, the level
-    the manifest claims, the CLI's default workers. Made once per test
-    session: test_ci_recipe.py judges the recipe by it, test_kit_fairness.py
-    the kit's verdicts on a backend it did not write."""
+KIT_INSTALL_SCRIPT = REPO / "tests" / "kit_install.sh"
+
+
+@dataclass
+class InstalledKit:
+    """tests/kit_install.sh's run against pu1_sync (made once per test
+    session): the kit installed alone into a fresh environment, then, from
+    an unrelated folder, the CI recipe with its defaults (the whole suite,
+    two devices, the level the manifest claims, the CLI's default workers)
+    and `pytest --backend` (the whole suite, one worker, one device)."""
+
+    work: Path  # the script's folder: venv/, times.tsv, probe-cache/, pytest-report/
+    ci_folder: Path  # where the recipe ran: conformance-report/, step-summary.md
+    ci_env: dict  # the recipe's environment (its job summary, the backend's path)
+    ci: SuiteRun  # the script's status and output, the recipe's report
+    serial: SuiteRun  # the script's status and output, pytest's report
+
+
+def installed_kit(tmp_path_factory) -> InstalledKit:
+    """The one install-and-run of the kit that test_kit_install.py judges as
+    a vendor's install, test_ci_recipe.py as the CI recipe, and
+    test_kit_fairness.py by its verdicts (two devices and one)."""
+    folder = shared_folder(tmp_path_factory) / "kit-install"
+    ci_folder = folder / "unrelated"
+    backend_path = os.pathsep.join((str(FIXTURE_DIR), str(folder / "site")))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PU1C_PROBE_CACHE", "BACKEND", "KIT", "BACKEND_PACKAGE",
+                        "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")
+           and not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_"))}
+    # The base interpreter, not this venv's: the new environment must not see this one's packages.
+    env["BASE_PYTHON"] = getattr(sys, "_base_executable", sys.executable)
+    env["GITHUB_STEP_SUMMARY"] = str(ci_folder / "step-summary.md")
 
     def produce(work: Path) -> SuiteRun:
-        env = ci_env(work, **ci_settings(pu1_sync_site(work / "site")))
-        proc = ci_script(work, env)
-        report = work / "conformance-report" / "report.json"
-        return SuiteRun(proc.returncode, proc.stdout, proc.stderr,
-                        json.loads(report.read_text()) if report.exists() else None)
+        pu1_sync_site(work / "site")
+        (work / "unrelated").mkdir(exist_ok=True)
+        (work / "unrelated" / "step-summary.md").write_text("")
+        proc = subprocess.run(["bash", str(KIT_INSTALL_SCRIPT), str(work), "pu1_sync", backend_path,
+                               str(PU1_SYNC_MANIFEST), "PU1_SYNC_DEVICE_COUNT=1"],
+                              capture_output=True, text=True, env=env, timeout=3000)
+        return SuiteRun(proc.returncode, proc.stdout, proc.stderr, None)
 
-    run = shared_run(tmp_path_factory, "pu1_sync-ci", produce)
-    work = shared_folder(tmp_path_factory) / "pu1_sync-ci"
-    return work, ci_env(work, **ci_settings(os.pathsep.join((str(FIXTURE_DIR), str(work / "site"))))), run
+    script = shared_run(tmp_path_factory, "kit-install", produce)
+
+    def report(path: Path) -> dict | None:
+        return json.loads(path.read_text()) if path.exists() else None
+
+    return InstalledKit(
+        folder, ci_folder, {**env, "PYTHONPATH": backend_path},
+        dataclasses.replace(script, report=report(ci_folder / "conformance-report" / "report.json")),
+        dataclasses.replace(script, report=report(folder / "pytest-report" / "report.json")))
 
 
 # A few operators: the runs of the other fixture backends are about the

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit_support import FIXTURE_DIR, REPO, ci_env, ci_script, ci_settings, pu1_sync_ci_run, pu1_sync_site
+from kit_support import REPO, ci_env, ci_script, ci_settings, installed_kit, pu1_sync_site
 from privateuse1_conformance.harness.registry import LEVELS
 
 SCRIPT = REPO / "docs" / "ci" / "conformance.sh"
@@ -190,10 +190,12 @@ def backend_path(tmp_path_factory) -> str:
 def full_run(tmp_path_factory):
     """The whole suite against pu1_sync, which claims and reaches the top
     level, with the defaults: the report in ./conformance-report, the level
-    the manifest claims (shared with test_kit_fairness.py, which judges its
-    verdicts)."""
-    work, env, run = pu1_sync_ci_run(tmp_path_factory)
-    return work, env, subprocess.CompletedProcess([str(SCRIPT)], run.returncode, run.stdout, run.stderr)
+    the manifest claims. The script runs as a vendor's CI job runs it, in
+    an environment where the kit alone was installed (tests/kit_install.sh,
+    made once for test_kit_install.py, this module and test_kit_fairness.py)."""
+    kit = installed_kit(tmp_path_factory)
+    return kit.ci_folder, kit.ci_env, subprocess.CompletedProcess([str(SCRIPT)], kit.ci.returncode,
+                                                                  kit.ci.stdout, kit.ci.stderr)
 
 
 def test_a_conforming_backend_passes_the_gate(full_run):

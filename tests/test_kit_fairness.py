@@ -14,41 +14,34 @@ manifest lists autoload as unclaimed, and the last test here installs it
 with an entry point. Being synchronous, it does not claim async-operators
 either (and keeps every ordering rule of the stream contracts).
 
-The two-device run is the CI recipe's (tests/kit_support.py makes it once per
-test session for test_ci_recipe.py and this module): the whole suite through
-the CLI with its default workers, where the one-device run has one.
+Both runs are the kit's install test's (tests/kit_install.sh, made once per
+test session for test_kit_install.py, test_ci_recipe.py and this module):
+with two devices the CI recipe's run (the CLI, its default workers), with one
+`pytest --backend` (one worker).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kit_support import FIXTURE_DIR, REPO, pu1_sync_ci_run, run_suite
+from kit_support import FIXTURE_DIR, installed_kit, run_suite
 
-MANIFEST = REPO / "tests" / "fixtures" / "pu1_sync" / "manifest.toml"
 NOT_FAIR = {"fail", "error", "crash", "hang"}
 
 pytestmark = pytest.mark.skipif(not (FIXTURE_DIR / "pu1_sync").is_dir(),
                                 reason="the pu1_sync fixture backend is not built (make build)")
 
 
-def _run(tmp_path_factory, devices: int):
-    folder = tmp_path_factory.mktemp(f"pu1_sync_{devices}")
-    return run_suite("pu1_sync", folder, f"--manifest={MANIFEST}",
-                     env={"PU1_SYNC_DEVICE_COUNT": str(devices)})
-
-
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory):
-    """Its whole run with two devices: the CI recipe's run, which
-    test_ci_recipe.py judges as a recipe (made once for both; through the
-    CLI, with its default workers, where one_device runs with one)."""
-    return pu1_sync_ci_run(tmp_path_factory)[2]
+    """The whole suite with two devices, through the CI recipe."""
+    return installed_kit(tmp_path_factory).ci
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-    return _run(tmp_path_factory, 1)
+    """The whole suite with one device, by `pytest --backend`."""
+    return installed_kit(tmp_path_factory).serial
 
 
 def _unfair(run) -> list[str]:
@@ -60,7 +53,7 @@ def _unfair(run) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("which", ["one_device", "two_devices"])  # (two_devices: made by another module)
+@pytest.mark.parametrize("which", ["one_device", "two_devices"])
 def test_a_conforming_backend_gets_no_failure_and_its_level(which, request):
     run = request.getfixturevalue(which)
     assert run.report is not None, run.stdout[-3000:] + run.stderr[-3000:]
@@ -71,7 +64,7 @@ def test_a_conforming_backend_gets_no_failure_and_its_level(which, request):
     assert run.returncode == 0, run.stdout[-3000:]
 
 
-@pytest.mark.parametrize("which", ["one_device", "two_devices"])  # (two_devices: made by another module)
+@pytest.mark.parametrize("which", ["one_device", "two_devices"])
 def test_its_verdicts_are_earned_not_skipped(which, request):
     """Every contract it claims is decided by a test that ran: a pass, never
     a skip or an inconclusive result standing in for one."""
