@@ -59,11 +59,14 @@ def _restore_device_zero(request):
 # in a parallel run (`make test`: -n 2 --dist loadfile --no-loadscope-reorder,
 # which hands a worker the next module when its current one has two tests
 # left): the longest first, so that none is left running alone at the end.
-# test_kit_install.py makes the install-and-run of the kit that
-# test_ci_recipe.py and test_kit_fairness.py judge too (kit_support.py): those
-# two come last, so that the other worker does not wait for it.
-LONG_MODULES = ("test_kit_install.py", "test_mutants.py", "test_reports_run.py", "test_kit_fixture_backends.py")
-LAST_MODULES = ("test_ci_recipe.py", "test_kit_fairness.py")
+# The two longest make the two whole runs of pu1_sync side by side (one
+# worker each, kit_support.py): test_kit_install.py the install and the CI
+# recipe's run, test_kit_fairness.py the one-device run.
+# test_ci_recipe.py, which judges the former too, comes last, so that no
+# worker waits for it.
+LONG_MODULES = ("test_kit_install.py", "test_kit_fairness.py", "test_mutants.py", "test_reports_run.py",
+                "test_kit_fixture_backends.py")
+LAST_MODULES = ("test_ci_recipe.py",)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,11 +4,10 @@
 #   2. one `pip install <this repository>`: the kit alone (no OpenReg, no CMake);
 #   3. from an unrelated folder, the CI recipe (docs/ci/conformance.sh) with the
 #      kit already installed: `privateuse1-conformance run` (the whole suite,
-#      the default workers, the backend's default devices), the job summary,
-#      `verify` as the gate; then `pytest --backend` (the whole suite, one
-#      worker, in the environment the VAR=VALUE arguments change: e.g. one
-#      device). The first use compiles the kit's C++ probe into a fresh cache.
-# usage: tests/kit_install.sh WORKDIR BACKEND BACKEND_PYTHONPATH MANIFEST [VAR=VALUE...]
+#      the default workers), the job summary, `verify` as the gate; then
+#      `pytest --backend` (the core level, one worker). The first use compiles
+#      the kit's C++ probe into a fresh cache.
+# usage: tests/kit_install.sh WORKDIR BACKEND BACKEND_PYTHONPATH MANIFEST
 # BASE_PYTHON: the interpreter that makes the environment (default python3);
 # the CI recipe's settings (GITHUB_STEP_SUMMARY, ...) come from the environment.
 # Writes WORKDIR/times.tsv (step, seconds), the recipe's report in
@@ -18,7 +17,6 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$1 backend=$2 backend_path=$3 manifest=$4
-shift 4
 base_python=${BASE_PYTHON:-python3}
 mkdir -p "$work/unrelated"
 times="$work/times.tsv"
@@ -44,7 +42,7 @@ step probe "$work/venv/bin/python" -m privateuse1_conformance.conformance._probe
 status=0
 step ci-recipe env BACKEND="$backend" MANIFEST="$manifest" KIT= BACKEND_PACKAGE= PYTHON="$work/venv/bin/python" \
   "$repo/docs/ci/conformance.sh" || status=$?
-step pytest-run env "$@" "$work/venv/bin/python" -m pytest -p no:cacheprovider -q \
-  --backend="$backend" --manifest="$manifest" --report-dir="$work/pytest-report" || { rc=$?; [[ $status -ne 0 ]] || status=$rc; }
+step pytest-run "$work/venv/bin/python" -m pytest -p no:cacheprovider -q --backend="$backend" \
+  --manifest="$manifest" --level=core --report-dir="$work/pytest-report" || { rc=$?; [[ $status -ne 0 ]] || status=$rc; }
 cat "$times"
 exit "$status"

@@ -142,7 +142,7 @@ class InstalledKit:
     session): the kit installed alone into a fresh environment, then, from
     an unrelated folder, the CI recipe with its defaults (the whole suite,
     two devices, the level the manifest claims, the CLI's default workers)
-    and `pytest --backend` (the whole suite, one worker, one device)."""
+    and `pytest --backend` (the core level, one worker)."""
 
     work: Path  # the script's folder: venv/, times.tsv, probe-cache/, pytest-report/
     ci_folder: Path  # where the recipe ran: conformance-report/, step-summary.md
@@ -154,7 +154,7 @@ class InstalledKit:
 def installed_kit(tmp_path_factory) -> InstalledKit:
     """The one install-and-run of the kit that test_kit_install.py judges as
     a vendor's install, test_ci_recipe.py as the CI recipe, and
-    test_kit_fairness.py by its verdicts (two devices and one)."""
+    test_kit_fairness.py by the verdicts of its two-device run."""
     folder = shared_folder(tmp_path_factory) / "kit-install"
     ci_folder = folder / "unrelated"
     backend_path = os.pathsep.join((str(FIXTURE_DIR), str(folder / "site")))
@@ -171,8 +171,7 @@ def installed_kit(tmp_path_factory) -> InstalledKit:
         (work / "unrelated").mkdir(exist_ok=True)
         (work / "unrelated" / "step-summary.md").write_text("")
         proc = subprocess.run(["bash", str(KIT_INSTALL_SCRIPT), str(work), "pu1_sync", backend_path,
-                               str(PU1_SYNC_MANIFEST), "PU1_SYNC_DEVICE_COUNT=1"],
-                              capture_output=True, text=True, env=env, timeout=3000)
+                               str(PU1_SYNC_MANIFEST)], capture_output=True, text=True, env=env, timeout=2400)
         return SuiteRun(proc.returncode, proc.stdout, proc.stderr, None)
 
     script = shared_run(tmp_path_factory, "kit-install", produce)
@@ -184,6 +183,16 @@ def installed_kit(tmp_path_factory) -> InstalledKit:
         folder, ci_folder, {**env, "PYTHONPATH": backend_path},
         dataclasses.replace(script, report=report(ci_folder / "conformance-report" / "report.json")),
         dataclasses.replace(script, report=report(folder / "pytest-report" / "report.json")))
+
+
+def pu1_sync_one_device_run(tmp_path_factory) -> SuiteRun:
+    """The whole suite against pu1_sync with one device, by pytest with one
+    worker, in this environment (test_kit_fairness.py): made once per test
+    session by whichever worker needs it first, independently of the install
+    above, so that the two whole runs can proceed side by side."""
+    return shared_run(tmp_path_factory, "pu1_sync-one-device",
+                      lambda work: run_suite("pu1_sync", work, f"--manifest={PU1_SYNC_MANIFEST}",
+                                             env={"PU1_SYNC_DEVICE_COUNT": "1"}))
 
 
 # A few operators: the runs of the other fixture backends are about the

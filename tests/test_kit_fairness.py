@@ -14,17 +14,19 @@ manifest lists autoload as unclaimed, and the last test here installs it
 with an entry point. Being synchronous, it does not claim async-operators
 either (and keeps every ordering rule of the stream contracts).
 
-Both runs are the kit's install test's (tests/kit_install.sh, made once per
-test session for test_kit_install.py, test_ci_recipe.py and this module):
-with two devices the CI recipe's run (the CLI, its default workers), with one
-`pytest --backend` (one worker).
+The two-device run is the CI recipe's, in the environment where the kit
+install test installed the kit (tests/kit_install.sh, made once per test
+session for test_kit_install.py, test_ci_recipe.py and this module: the CLI,
+its default workers); the one-device run is pytest's here, with one worker
+(made by kit_support.py, side by side with the other). The tests of the
+one-device run come first: the other is usually still being made.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kit_support import FIXTURE_DIR, installed_kit, run_suite
+from kit_support import FIXTURE_DIR, installed_kit, pu1_sync_one_device_run, run_suite
 
 NOT_FAIR = {"fail", "error", "crash", "hang"}
 
@@ -41,7 +43,7 @@ def two_devices(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
     """The whole suite with one device, by `pytest --backend`."""
-    return installed_kit(tmp_path_factory).serial
+    return pu1_sync_one_device_run(tmp_path_factory)
 
 
 def _unfair(run) -> list[str]:
@@ -53,9 +55,7 @@ def _unfair(run) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("which", ["one_device", "two_devices"])
-def test_a_conforming_backend_gets_no_failure_and_its_level(which, request):
-    run = request.getfixturevalue(which)
+def _judge_level(run) -> None:
     assert run.report is not None, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.report["complete"] is True
     problems = _unfair(run)
@@ -64,20 +64,28 @@ def test_a_conforming_backend_gets_no_failure_and_its_level(which, request):
     assert run.returncode == 0, run.stdout[-3000:]
 
 
-@pytest.mark.parametrize("which", ["one_device", "two_devices"])
-def test_its_verdicts_are_earned_not_skipped(which, request):
+def _judge_earned(run, unclaimed: set[str]) -> None:
     """Every contract it claims is decided by a test that ran: a pass, never
-    a skip or an inconclusive result standing in for one."""
-    run = request.getfixturevalue(which)
+    a skip or an inconclusive result standing in for one; a contract it does
+    not claim is left out for the features `unclaimed` only."""
     verdicts = run.verdicts()
     undecided = {c: v for c, v in verdicts.items() if v not in ("pass", "not-claimed")}
     assert not undecided, undecided
     not_claimed = {c for c, v in verdicts.items() if v == "not-claimed"}
     features = {c["id"]: set(c["unclaimed_features"]) for c in run.report["contracts"]}
-    expected = {"autoload", "backend-metadata", "sdpa-override", "quantization", "inductor", "async-operators"} | (
-        set() if which == "two_devices" else {"multi-device"})
-    wrong = {c: features[c] for c in not_claimed if not features[c] or not features[c] <= expected}
-    assert not wrong, f"not-claimed for other reasons than {expected}: {wrong}"
+    wrong = {c: features[c] for c in not_claimed if not features[c] or not features[c] <= unclaimed}
+    assert not wrong, f"not-claimed for other reasons than {unclaimed}: {wrong}"
+
+
+UNCLAIMED = {"autoload", "backend-metadata", "sdpa-override", "quantization", "inductor", "async-operators"}
+
+
+def test_with_one_device_a_conforming_backend_gets_no_failure_and_its_level(one_device):
+    _judge_level(one_device)
+
+
+def test_with_one_device_its_verdicts_are_earned_not_skipped(one_device):
+    _judge_earned(one_device, UNCLAIMED | {"multi-device"})
 
 
 def _installed_pu1_sync(folder, entry_point: bool):
@@ -108,3 +116,11 @@ def test_autoload_passes_with_an_entry_point_and_fails_without(tmp_path):
     assert missing.verdicts()["AL-LOAD-001"] == "fail", missing.contract("AL-LOAD-001")
     message = missing.contract("AL-LOAD-001")["tests"][0]["message"]
     assert "'pu1-sync' declares no entry point in the group torch.backends" in message, message
+
+
+def test_with_two_devices_a_conforming_backend_gets_no_failure_and_its_level(two_devices):
+    _judge_level(two_devices)
+
+
+def test_with_two_devices_its_verdicts_are_earned_not_skipped(two_devices):
+    _judge_earned(two_devices, UNCLAIMED)

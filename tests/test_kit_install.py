@@ -12,6 +12,7 @@ compiler and GoogleTest for the probe's first use.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -60,20 +61,20 @@ def test_the_suite_ran_from_an_unrelated_folder(installed, how):
     assert run.returncode == 0, run.stderr[-4000:]
     assert run.report is not None, run.stdout[-4000:]
     summary, provenance = run.report["summary"], run.report["provenance"]
-    # The backend is called by its manifest's name, and the whole suite ran
-    # and passed, by the CLI with two devices and by pytest with one.
+    # The backend is called by its manifest's name, and the suite ran and
+    # passed: all of it by the CI recipe (the CLI), its core level by pytest.
     assert provenance["backend_name"] == "pu1_sync"
     assert run.report["complete"]
-    assert summary["claimed_level"] == summary["level_reached"] == "full", summary["verdicts"]
+    assert summary["claimed_level"] == "full"
+    assert summary["level_reached"] == ("full" if how == "ci" else "core"), summary["verdicts"]
     # The probe was compiled into the fresh cache (first use), not found elsewhere.
     assert list((work / "probe-cache").glob("torch-*/_cxx*.so"))
 
 
 def test_the_verdicts_do_not_depend_on_the_number_of_workers(installed):
     """The CLI ran the whole suite with its default (one worker per core),
-    pytest with one (and one device, where the CLI had two): every test both
-    ran, and every contract both claimed, has the same verdict on the
-    independent backend."""
+    pytest its core level with one: every test and contract both ran has the
+    same verdict on the independent backend."""
     work, kit = installed
     assert kit.ci.returncode == 0, kit.ci.stderr[-4000:]
     reports = {"cli": kit.ci.report, "pytest": kit.serial.report}
@@ -81,11 +82,10 @@ def test_the_verdicts_do_not_depend_on_the_number_of_workers(installed):
     assert reports["pytest"]["provenance"]["workers"] == 1
 
     def verdicts(report: dict) -> dict[str, str]:
-        tests = {t["nodeid"]: t["verdict"] for c in report["contracts"] for t in c["tests"]
-                 if t["verdict"] not in ("skip", "not-claimed")}
-        return {**tests, **{c["id"]: c["verdict"] for c in report["contracts"] if c["verdict"] != "not-claimed"}}
+        tests = {t["nodeid"]: t["verdict"] for c in report["contracts"] for t in c["tests"]}
+        return {**tests, **{c["id"]: c["verdict"] for c in report["contracts"]}}
 
     parallel, serial = verdicts(reports["cli"]), verdicts(reports["pytest"])
-    assert len(serial) > 300
+    assert len(serial) > 100
     differ = {k: (v, parallel.get(k)) for k, v in serial.items() if parallel.get(k) != v}
     assert not differ, f"verdicts that differ between 1 worker and {reports['cli']['provenance']['workers']}: {differ}"
