@@ -108,13 +108,21 @@ def pu1_sync_site(site: Path) -> str:
     return os.pathsep.join((str(FIXTURE_DIR), str(site)))
 
 
+CI_SETTINGS = ("BACKEND", "KIT", "BACKEND_PACKAGE", "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")
+
+
+def job_env(*dropped: str) -> dict:
+    """This process's environment without the CI recipe's settings, pytest's,
+    GitHub's and the runner's variables, and `dropped`: where a CI job starts."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_")) and k not in CI_SETTINGS + dropped}
+
+
 def ci_env(folder: Path, **settings: str) -> dict:
     """The environment of a CI job that has torch, the backend and the kit
     installed (this interpreter's environment), with GitHub's job summary
     in `folder`."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_")) and k not in (
-               "BACKEND", "KIT", "BACKEND_PACKAGE", "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")}
+    env = job_env()
     env["PATH"] = os.pathsep.join((str(BIN), env.get("PATH", "")))
     summary = folder / "step-summary.md"
     summary.touch()
@@ -158,10 +166,7 @@ def installed_kit(tmp_path_factory) -> InstalledKit:
     folder = shared_folder(tmp_path_factory) / "kit-install"
     ci_folder = folder / "unrelated"
     backend_path = os.pathsep.join((str(FIXTURE_DIR), str(folder / "site")))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PU1C_PROBE_CACHE", "BACKEND", "KIT", "BACKEND_PACKAGE",
-                        "MANIFEST", "EXPECTATIONS", "LEVEL", "REPORT_DIR", "PYTHON")
-           and not k.startswith(("PYTEST_", "GITHUB_", "RUNNER_"))}
+    env = job_env("PYTHONPATH", "VIRTUAL_ENV", "PU1C_PROBE_CACHE")  # (nothing of this environment's)
     # The base interpreter, not this venv's: the new environment must not see this one's packages.
     env["BASE_PYTHON"] = getattr(sys, "_base_executable", sys.executable)
     env["GITHUB_STEP_SUMMARY"] = str(ci_folder / "step-summary.md")
