@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from privateuse1_conformance.harness.evidence import (Inconclusive, Violation, decided, inconclusive,  # noqa: F401
+from privateuse1_conformance.harness.evidence import (Inconclusive, Violation, carry, decided, inconclusive,  # noqa: F401
                                                       raised_by_kit, scope, scoped_clause)
 
 
@@ -103,10 +103,12 @@ def range_mentions(index: int, count: int) -> tuple[str, ...]:
 
 
 def in_thread(call: Callable[[], Any]) -> Any:
-    """Run `call` in a new thread and return its result (or re-raise). No time
-    limit here: a thread that never finishes leaves the test without
-    progress, which the harness reports as a hang (harness/progress.py)."""
+    """Run `call` in a new thread and return its result (or re-raise), inside
+    the caller's open scope (a crash there is charged as if it had happened
+    here). No time limit here: a thread that never finishes leaves the test
+    without progress, which the harness reports as a hang (harness/progress.py)."""
     box: dict[str, Any] = {}
+    call = carry(call)
 
     def target() -> None:
         try:

@@ -55,13 +55,15 @@ OP-INFO-001 only.
 from __future__ import annotations
 
 import re
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from privateuse1_conformance.harness.evidence import progress, scope
+from privateuse1_conformance.harness.evidence import progress, reference_work, scope
 from privateuse1_conformance.harness.operators import CELLS_PROPERTY, CHECK_CLAUSES
 
 # check -> (clause, the PyTorch test whose OpInfo decorators apply to it)
@@ -287,9 +289,38 @@ def tolerance(op, check: str, device_type: str, dtype: torch.dtype) -> tuple[flo
     return atol, rtol
 
 
+class _DeviceClock:
+    """Seconds spent in the backend (device calls, and copies of the
+    device's tensors to the CPU): the rest of an entry's time is the kit's
+    own work, the CPU's reference results above all, whose measure lets the
+    parent give a long entry time in proportion (evidence.reference_work).
+    Nested device calls count once."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._since = 0.0
+
+    @contextmanager
+    def on_device(self):
+        if self._depth == 0:
+            self._since = time.perf_counter()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.seconds += time.perf_counter() - self._since
+
+
+_device_clock = _DeviceClock()
+
+
 def _to_cpu(value):
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().requires_grad_(value.requires_grad)
+        with _device_clock.on_device():
+            return value.detach().cpu().requires_grad_(value.requires_grad)
     return value
 
 
@@ -350,7 +381,8 @@ def _misplaced(raw, sample, device: str) -> str | None:
 
 
 def _results_to_cpu(result):
-    return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, result)
+    with _device_clock.on_device():
+        return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, result)
 
 
 _NO_TOLERANCE = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and "float8" in str(d)}
@@ -548,6 +580,8 @@ class OperatorCheck:
         self.backward = backward
         self.report = OperatorReport(op_key(op))
         self._permuted_done = False  # column-major samples ran (for the first dtype that had some)
+        self._started = time.perf_counter()
+        self._device_seconds_before = _device_clock.seconds
 
     # ------------------------------------------------------------ helpers
 
@@ -556,7 +590,8 @@ class OperatorCheck:
         or hang inside it is charged there). Raises NotClaimed for a missing
         kernel of a derived claim (unless `not_claimed` is false: a kernel
         missing only for this call's arguments is the call's outcome)."""
-        with scope(clause, step):
+        self._report_reference(throttled=True)
+        with scope(clause, step), _device_clock.on_device():
             try:
                 return call()
             except Exception as e:  # noqa: BLE001
@@ -568,6 +603,21 @@ class OperatorCheck:
     def _skip_reason(self, check: str, dtype: torch.dtype | None) -> str | None:
         return _decorations(self.op, check, self.device_type, dtype).get("skip")
 
+    def reference_seconds(self) -> float:
+        """The entry's time so far outside the backend: the CPU's reference
+        results and the comparisons (see _DeviceClock)."""
+        device = _device_clock.seconds - self._device_seconds_before
+        return max(0.0, time.perf_counter() - self._started - device)
+
+    def _report_reference(self, throttled: bool = False) -> None:
+        """Tell the parent the reference work so far (at most once a second
+        when `throttled`: between a cell's many device calls)."""
+        now = time.perf_counter()
+        if throttled and now - getattr(self, "_reported_at", 0.0) < 1.0:
+            return
+        self._reported_at = now
+        reference_work(self.reference_seconds())
+
     def _at(self, dtype: str, check: str) -> Outcome:
         """The outcome of `check` for `dtype`, which starts now: the parent
         is told (the cells so far, and this one), so that a crash or hang
@@ -575,6 +625,7 @@ class OperatorCheck:
         outcome = self.report.outcome(dtype, check)
         self._running = (dtype, check)
         progress(CELLS_PROPERTY, {**self.report.property(), "at": [dtype, check]})
+        self._report_reference()
         return outcome
 
     def _begin(self, check: str, dtype: torch.dtype) -> Outcome | None:

@@ -152,7 +152,7 @@ def _compile(folder: Path, verbose: bool) -> ModuleType:
     _check_compiler()
     includes, ldflags = _gtest_flags()
     print(f"privateuse1-conformance: compiling the kit's C++ probe against torch "
-          f"{torch.__version__} into {folder} (once per torch build; a few minutes)",
+          f"{torch.__version__} into {folder} (once per torch build; {EXPECTED_TIME})",
           file=sys.stderr, flush=True)
     env_path = os.environ.get("PATH", "")
     try:
@@ -180,13 +180,26 @@ def _compile(folder: Path, verbose: bool) -> ModuleType:
         os.environ["PATH"] = env_path
 
 
+# What the first compile costs (measured: docs/vendor-guide.md).
+EXPECTED_TIME = "about a minute on two cores, a few minutes on a loaded machine"
+
+
+def _library(folder: Path) -> Path:
+    return folder / f"{NAME}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+
+
+def is_built() -> bool:
+    """Whether this torch has a cached build of the probe's sources."""
+    return _module is not None or _library(cache_root() / build_key()).exists()
+
+
 def load(verbose: bool = False) -> ModuleType:
     """The probe module, compiled first if this torch has no cached build of these sources."""
     global _module
     with _lock:
         if _module is None:
             folder = cache_root() / build_key()
-            library = folder / f"{NAME}{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+            library = _library(folder)
             with _exclusive(folder):
                 _module = _import(library) if library.exists() else _compile(folder, verbose)
             sys.modules[f"{__package__}.{NAME}"] = _module

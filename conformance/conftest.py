@@ -19,9 +19,9 @@ SESSION_PLUGIN = "privateuse1-conformance-session"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "zero_devices_ok: the test is meaningful for a backend with no devices")
-    if not config.getoption("backend", None):
+    if not config.getoption("pu1_backend", None):
         raise pytest.UsageError(
-            "the conformance suite needs a backend: pytest --backend=NAME "
+            "the conformance suite needs a backend: pytest --backend=NAME (or --pu1-backend=NAME) "
             "(a registered profile such as 'openreg', or an importable module)"
         )
 

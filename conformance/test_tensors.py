@@ -858,8 +858,9 @@ def _check_view_materializations(contract_clause: str, view, expected_cpu, base,
                                  resolve: str, device: torch.device) -> None:
     check(contract_clause, bool(getattr(view, f"is_{bit}")()), f"the {bit} view does not report is_{bit}()")
     for what, make in _materializations(device, resolve):
-        got = must(lambda: make(view), f"{what} of a device tensor whose {bit} bit is set")
-        got_cpu = must(lambda: got.cpu(), f".cpu() of the result of {what} of a {bit} view")
+        with scope(contract_clause, f"{what} of a {bit} view"):  # (a crash names the materialization)
+            got = must(lambda: make(view), f"{what} of a device tensor whose {bit} bit is set")
+            got_cpu = must(lambda: got.cpu(), f".cpu() of the result of {what} of a {bit} view")
         factor = 2 if what.startswith("an operator") else 1
         check(contract_clause, not got_cpu.is_neg() and not got_cpu.is_conj()
               and torch.equal(got_cpu.resolve_conj().resolve_neg(), expected_cpu * factor),

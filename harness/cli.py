@@ -39,6 +39,7 @@ from privateuse1_conformance.reports import verify as verify_mod
 
 from . import registry as registry_mod
 from . import shard as shard_mod
+from .options import PREFIX
 from .results import contract_info
 
 EXIT_UNUSABLE_REPORT = 2
@@ -53,29 +54,34 @@ DEFAULT_REPORT_DIR = "conformance-report"
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
+    # The plugin's canonical option names (harness/options.py): the short
+    # ones may belong to another plugin installed beside the kit.
     pytest_args = [
         "-p", PLUGIN,
         "-p", "no:cacheprovider",
         "--pyargs", SUITE_PACKAGE,
-        f"--backend={args.backend}",
-        f"--contract-timeout={args.timeout}",
+        # (this process imported the kit before pytest started: pytest cannot
+        # rewrite the asserts of the plugin's modules, which have none to rewrite)
+        "-W", "ignore::pytest.PytestAssertRewriteWarning",
+        f"{PREFIX}backend={args.backend}",
+        f"{PREFIX}contract-timeout={args.timeout}",
     ]
     # A rerun of some contracts or tests must not overwrite the full run's reports.
     report_dir = args.report_dir or (None if args.contract or args.test else DEFAULT_REPORT_DIR)
     if report_dir:
-        pytest_args.append(f"--report-dir={report_dir}")
+        pytest_args.append(f"{PREFIX}report-dir={report_dir}")
     for option in ("level", "manifest", "expectations"):
         value = getattr(args, option)
         if value:
-            pytest_args.append(f"--{option}={value}")
+            pytest_args.append(f"{PREFIX}{option}={value}")
     if args.allow_untested_torch:
-        pytest_args.append("--allow-untested-torch")
+        pytest_args.append(f"{PREFIX}allow-untested-torch")
     if args.operators:
-        pytest_args.append(f"--operators={args.operators}")
+        pytest_args.append(f"{PREFIX}operators={args.operators}")
     if args.shard:
-        pytest_args.append(f"--shard={args.shard}")
-    pytest_args += [f"--contract={contract_id}" for contract_id in args.contract or ()]
-    pytest_args += [f"--test-id={test_id}" for test_id in args.test or ()]
+        pytest_args.append(f"{PREFIX}shard={args.shard}")
+    pytest_args += [f"{PREFIX}contract={contract_id}" for contract_id in args.contract or ()]
+    pytest_args += [f"{PREFIX}test-id={test_id}" for test_id in args.test or ()]
     if args.jobs > 1:
         pytest_args += ["-n", str(args.jobs)]
     pytest_args += args.pytest_args

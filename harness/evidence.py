@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,7 @@ from privateuse1_conformance.reports.text import one_line
 SCOPE_MESSAGE = "$scope"
 REASON_LIMIT = 400  # characters of a clause's n/a or undecided reason (one line: the report's schema)
 PROGRESS_MESSAGE = "$progress"
+REFERENCE_MESSAGE = "$reference"
 
 
 # ------------------------------------------------------- whose evidence
@@ -338,6 +340,29 @@ def scope(contract: str, step: str | None = None, decides: bool = False) -> Iter
             _announce(thread)
 
 
+def carry(call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call`, to run on another thread, inside the scope open on this one
+    (its innermost: contract or clause, and step). A crash on that thread is
+    then charged to the scope that handed the work over, as it would be had
+    the call run here (faulthandler names the thread that crashed, and the
+    parent looks up that thread's scope). Without an open scope, `call`
+    itself. The kit's own thread helpers (in_thread, the state machine's
+    workers) hand their work over through it."""
+    stack = _scopes.get(threading.get_ident())
+    if not stack:
+        return call
+    contract, step = stack[-1]
+    clause = scoped_clause()
+    name = clause if clause and clause.startswith(contract + ".") else contract
+
+    @functools.wraps(call)
+    def carried(*args, **kwargs):
+        with scope(name, step):
+            return call(*args, **kwargs)
+
+    return carried
+
+
 def progress(name: str, value) -> None:
     """In a forked test process: tell the parent how far the test got, as a
     user property `name` (JSON-serializable `value`, the latest wins) that
@@ -346,6 +371,16 @@ def progress(name: str, value) -> None:
     properties itself; its progress is then dropped."""
     if _channel is not None and os.getpid() == _channel_pid:
         _channel({PROGRESS_MESSAGE: [name, value]})
+
+
+def reference_work(seconds: float) -> None:
+    """In a forked test process: the seconds the test has spent so far on
+    reference work, the CPU computing what the backend's results are
+    compared with. The parent lets a test that keeps advancing run longer in
+    proportion (progress.hard_limit), so a long operator entry on a backend
+    as fast as the CPU is never judged hung."""
+    if _channel is not None and os.getpid() == _channel_pid:
+        _channel({REFERENCE_MESSAGE: float(seconds)})
 
 
 # ------------------------------------------------------------ resumption

@@ -138,6 +138,38 @@ def _crashing_thread(path: str) -> tuple[int | None, str]:
     return int(last.group(1), 16), last.group(0).rstrip()
 
 
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)', re.MULTILINE)
+# An abort's own message, most specific first: a C++ exception's what(), a
+# failed assert(), std::terminate's line.
+_ABORTS = (re.compile(r"what\(\):\s*(.+)"), re.compile(r"(Assertion .+ failed.*)"),
+           re.compile(r"(terminate called .+)"))
+_NOT_THE_BACKEND = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the kit
+                    os.path.dirname(pytest.__file__), os.path.dirname(os.path.dirname(pytest.__file__)) + "/_pytest",
+                    os.path.dirname(os.path.dirname(pytest.__file__)) + "/pluggy")
+
+
+def crash_cause(cause: str, scope: list | None, crash_stack: str, tail: str) -> str:
+    """The root cause a crash is grouped by (reports' shared root causes):
+    the signal, then what tells one crash from another: the contract whose
+    scope was open, the innermost frame of the crashing thread (the first
+    one outside the kit, else the kit's call site), and an abort's message.
+    Two crashes by one signal in different places are two causes."""
+    text = f"crash: the test process {cause}"
+    if scope:
+        text += f" in {scope[0]}"
+    frames = _FRAME.findall(crash_stack)  # (faulthandler lists the most recent call first)
+    outside = [f for f in frames if not f[0].startswith(_NOT_THE_BACKEND)]
+    if frames:
+        file, function = (outside or frames)[0]
+        text += f", at {function} ({os.path.basename(file)})"
+    for pattern in _ABORTS:
+        abort = pattern.search(tail)
+        if abort:
+            text += f": {re.sub(r'0x[0-9a-fA-F]{6,}', '0x…', abort.group(1).strip())[:200]}"
+            break
+    return text
+
+
 def synthesize(item: pytest.Item, when: str, kind: str, message: str, duration: float,
                 scope: list | None = None, cause: str = "", progressed: dict | None = None) -> pytest.TestReport:
     properties = [("verdict", kind)]
@@ -239,30 +271,73 @@ def _scope_of(scopes: dict[int, list], crashed_thread: int | None, crashed: bool
         next(s for s in scopes.values() if s[0] in leaders)
 
 
-def _watch(pid: int, read_fd: int, started: float, timeout: float) -> tuple[bytes, str | None]:
-    """Parent side: read the child's reports until it closes the pipe. Past
-    the time limit, keep waiting while the child makes progress (see
-    progress.py); return (everything read, why it counts as hung or None)."""
-    chunks: list[bytes] = []
+class Frames:
+    """The child's messages, parsed as they arrive, in one pass (a test may
+    send hundreds of thousands of progress messages), keeping only what the
+    parent needs: the phases' reports, each thread's innermost open scope,
+    the latest progress per property, the reference work measured so far,
+    and a harness error. A frame cut short by a crash is left unparsed."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self.reports: list[dict] = []     # serialized TestReports, in order
+        self.scopes: dict[int, list] = {}  # thread -> its innermost evidence scope, as the child last said
+        self.progressed: dict = {}        # user property -> the test's latest progress (evidence.progress)
+        self.reference = 0.0              # seconds of reference work (evidence.reference_work)
+        self.harness_error: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        pending = self._pending
+        pending += data
+        offset, end = 0, len(pending)
+        while end - offset >= 4:
+            (size,) = struct.unpack_from("!I", pending, offset)
+            if end - offset < 4 + size:
+                break
+            self._take(json.loads(pending[offset + 4 : offset + 4 + size]))
+            offset += 4 + size
+        del pending[:offset]
+
+    def _take(self, payload: dict) -> None:
+        if "$harness_error" in payload:
+            self.harness_error = payload["$harness_error"]
+        elif evidence.PROGRESS_MESSAGE in payload:
+            name, value = payload[evidence.PROGRESS_MESSAGE]
+            self.progressed[name] = value
+        elif evidence.REFERENCE_MESSAGE in payload:
+            self.reference = float(payload[evidence.REFERENCE_MESSAGE])
+        elif evidence.SCOPE_MESSAGE in payload:
+            message = payload[evidence.SCOPE_MESSAGE]
+            if message["scope"]:
+                self.scopes[message["thread"]] = message["scope"]
+            else:
+                self.scopes.pop(message["thread"], None)
+        else:
+            self.reports.append(payload)
+
+
+def _watch(pid: int, read_fd: int, started: float, timeout: float, frames: Frames) -> str | None:
+    """Parent side: read the child's messages into `frames` until it closes
+    the pipe. Past the time limit, keep waiting while the child makes
+    progress (see progress.py), up to the hard limit, which grows with the
+    reference work the child reports; return why it counts as hung, or None."""
     step = progress.window(timeout)
-    hard_limit = started + progress.HARD_LIMIT * timeout
     checkpoint = started + timeout - step  # the first sample: one window before the limit
     previous = None
     while True:
+        hard_limit = started + progress.hard_limit(timeout, frames.reference)
         data, waiting = read_pipe(read_fd, min(checkpoint, hard_limit))
-        chunks.append(data)
+        frames.feed(data)
         if not waiting:
-            return b"".join(chunks), None
+            return None
         now = time.monotonic()
         current = progress.sample(pid, now)
-        if now >= hard_limit:
-            return b"".join(chunks), (f"still running after {progress.HARD_LIMIT} times the time limit "
-                                      f"({progress.HARD_LIMIT * timeout:g} s), although it kept using the CPU "
-                                      "(a busy loop, or a test too slow to tell from one)")
+        if now >= started + progress.hard_limit(timeout, frames.reference):
+            return progress.hard_limit_reason(timeout, frames.reference)
         if previous is not None and now >= started + timeout:
             why = progress.stalled(previous, current)
             if why:
-                return b"".join(chunks), why
+                return why
         previous = current
         checkpoint = now + step
 
@@ -298,44 +373,26 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
     # ----------------------------------------------------------- parent
     os.close(write_fd)
     last_stacks = ""
+    frames = Frames()
     try:
-        buffer, hung = _watch(pid, read_fd, started, timeout)
+        hung = _watch(pid, read_fd, started, timeout, frames)
         if hung is not None:  # the verdict is given: where were its threads?
             last_stacks = progress.request_stack_dump(pid, stacks)
     finally:
         os.close(read_fd)
     timed_out = hung is not None
-    reports: list[pytest.TestReport] = []
-    harness_error = None
-    scopes: dict[int, list] = {}  # thread -> its innermost evidence scope, as the child last said
-    progressed: dict = {}         # user property -> the test's latest progress (evidence.progress)
-    while len(buffer) >= 4:  # complete frames only: a crash may cut the last one
-        (size,) = struct.unpack("!I", buffer[:4])
-        if len(buffer) < 4 + size:
-            break
-        payload = json.loads(buffer[4 : 4 + size])
-        buffer = buffer[4 + size :]
-        if "$harness_error" in payload:
-            harness_error = payload["$harness_error"]
-        elif evidence.PROGRESS_MESSAGE in payload:
-            name, value = payload[evidence.PROGRESS_MESSAGE]
-            progressed[name] = value
-        elif evidence.SCOPE_MESSAGE in payload:
-            message = payload[evidence.SCOPE_MESSAGE]
-            if message["scope"]:
-                scopes[message["thread"]] = message["scope"]
-            else:
-                scopes.pop(message["thread"], None)
-        else:
-            report = config.hook.pytest_report_from_serializable(config=config, data=payload)
-            if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
-                report.longrepr = tuple(report.longrepr)
-            reports.append(report)
-    if timed_out:
+    if timed_out:  # killed at once (its messages were read as they came)
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    reports: list[pytest.TestReport] = []
+    for payload in frames.reports:
+        report = config.hook.pytest_report_from_serializable(config=config, data=payload)
+        if isinstance(report.longrepr, list):  # a skip's (path, line, reason) went through JSON
+            report.longrepr = tuple(report.longrepr)
+        reports.append(report)
+    harness_error, scopes, progressed = frames.harness_error, frames.scopes, frames.progressed
     phases_done = {r.when for r in reports}
     if not timed_out and harness_error is None and "teardown" in phases_done:
         # The child reported all three phases and closed the pipe: nothing
@@ -381,8 +438,8 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             message += f"\n--- the thread that crashed ---\n{crash_stack}"
         if tail:
             message += f"\n--- last output of the test process ---\n{tail}"
-        reports.append(synthesize(item, when, CRASH, message, duration, scope, f"crash: the test process {cause}",
-                                  progressed))
+        reports.append(synthesize(item, when, CRASH, message, duration, scope,
+                                  crash_cause(cause, scope, crash_stack, tail), progressed))
     elif tail and any(r.failed for r in reports):
         for report in reports:
             if report.failed:

@@ -44,56 +44,73 @@ import pytest
 from . import backend as backend_mod
 from . import bounded, evidence
 from . import expectations as expectations_mod
-from . import isolation, operators as operators_mod, registry as registry_mod, shard as shard_mod, versions
+from . import isolation, operators as operators_mod, options, registry as registry_mod, shard as shard_mod, versions
 from . import turns as turns_mod
+from . import paths as paths_mod
+from .paths import portable
 from privateuse1_conformance.reports.text import one_line
 
 from .results import RunRecorder, cause_of
 
 MARKER = "contract"
 REQUIRES = "requires"
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = options.DEFAULT_TIMEOUT
 PREFLIGHT_TIMEOUT = 300.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("privateuse1-conformance", "PrivateUse1 conformance")
-    group.addoption("--backend", help="backend under test: a registered profile name or an importable module")
-    group.addoption("--level", choices=registry_mod.LEVELS, default=None,
-                    help="run contracts up to this level (default: the manifest's claim, else full)")
-    group.addoption("--manifest", default=None, help="manifest TOML of the backend (overrides the profile's)")
-    group.addoption("--expectations", default=None,
-                    help="expectations TOML (known failures by contract ID; overrides the manifest's)")
-    group.addoption("--report-dir", default=None, help="write the compliance report into this folder")
-    group.addoption("--contract", action="append", default=[], metavar="ID[,ID...]",
-                    help="run only the tests of these contracts (repeatable)")
-    group.addoption("--test-id", action="append", default=[], metavar="TEST",
-                    help="run only this test, named as the reports name it (e.g. test_streams.py::test_name[param]; "
-                         "a module or a test without its parameters selects all it holds; repeatable)")
-    group.addoption("--registry", default=None,
-                    help="contract registry TOML (default: the suite's own; for testing the kit itself)")
-    group.addoption("--isolation", choices=("fork", "none"), default="fork",
-                    help="run each test in a forked child (default) or in-process (debugging only)")
-    group.addoption("--contract-timeout", type=float, default=DEFAULT_TIMEOUT,
-                    help=f"seconds before a test counts as hung (default {DEFAULT_TIMEOUT:g})")
-    group.addoption("--operators", default="default", metavar="SELECTION",
-                    help="the operators area's OpInfo entries: default (the operators most models use), all, "
-                         "none, or comma-separated names and fnmatch patterns (docs/operators.md)")
-    group.addoption("--shard", default=None, metavar="K/N",
-                    help="run only shard K of N of the selected tests (a deterministic split; combine the N "
-                         "reports with `privateuse1-conformance merge`, docs/reports.md)")
-    group.addoption("--allow-untested-torch", action="store_true", default=False,
-                    help="run although the installed torch is outside the range the kit supports")
+    options.add_canonical(parser)  # (the short aliases: pytest_load_initial_conftests)
 
 
 AUTOLOAD_SWITCH = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+# The kit's package folder (privateuse1_conformance/), and the suite in it.
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGE_NAME = "privateuse1_conformance"
+SUITE_FOLDER = _PACKAGE_ROOT / "conformance"
+
+
+def _as_path(argument: str) -> str:
+    """A --pyargs argument naming a module of the kit (the suite, a module of
+    it), as the path it names; any other argument as it is."""
+    name, separator, rest = argument.partition("::")
+    if name != _PACKAGE_NAME and not name.startswith(_PACKAGE_NAME + "."):
+        return argument
+    base = _PACKAGE_ROOT.joinpath(*name.split(".")[1:])
+    for candidate in (base, base.with_name(base.name + ".py")):
+        if candidate.exists():
+            return str(candidate) + separator + rest
+    return argument
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
     """Before any conftest can import torch: no autoload for a run (see the
-    module's docstring). Children and helper processes inherit the setting."""
-    if getattr(early_config.known_args_namespace, "backend", None):
+    module's docstring). Children and helper processes inherit the setting.
+
+    And only the suite's conftests: pytest loads the initial conftests from
+    the paths given, and, when there are none or they are module names
+    (--pyargs, as the CLI runs the suite), from the working directory and
+    its test* folders instead. The working directory is often a vendor's
+    repository: its conftest.py would join the run (and could change its
+    verdicts), and with it (pytest puts its folder first on sys.path) the
+    backend's source tree would shadow the installed backend. The paths are
+    decided again when the command line is parsed in full (pytest_configure
+    names the suite when none is given).
+
+    After the initial conftests are loaded (they are the last that may add
+    options): the options' short aliases, where still free (options.py)."""
+    namespace = early_config.known_args_namespace
+    run, given = options.early(args, parser, early_config.invocation_params.dir)
+    if run:
         os.environ.setdefault(AUTOLOAD_SWITCH, "0")
+        pyargs = getattr(namespace, "pyargs", False)
+        namespace.file_or_dir = ([_as_path(a) for a in given] if pyargs else given) or [str(SUITE_FOLDER)]
+    try:
+        return (yield)
+    finally:
+        options.add_aliases(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -106,13 +123,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "without them it is no evidence (inconclusive), never a failure"
     )
     config.addinivalue_line("markers", turns_mod.MARKER_HELP)
-    if config.getoption("backend"):
-        if config.args_source == pytest.Config.ArgsSource.INVOCATION_DIR:
-            # `pytest --backend=X` with no path and no testpaths: the installed
-            # suite, not whatever tests the current folder happens to hold.
-            from privateuse1_conformance import conformance
-
-            config.args = [str(Path(conformance.__file__).resolve().parent)]
+    if options.value(config, "backend"):
+        problems = options.check(config)
+        if problems:
+            raise pytest.UsageError("\n".join(problems))
+        if config.args_source != pytest.Config.ArgsSource.ARGS:
+            # `pytest --backend=X` with no path: the installed suite, not the
+            # tests the current folder (or its testpaths setting) names.
+            config.args = [str(SUITE_FOLDER)]
         # Short tracebacks on the terminal (the reports keep them complete).
         if config.getoption("tbstyle", "auto") == "auto":
             config.option.tbstyle = "short"
@@ -139,9 +157,25 @@ def _preflight_import(module_name: str) -> None:
     except bounded.BackendProbeError as e:
         hint = " (hang on import)" if "did not return within" in str(e) else ""
         details = f":\n{e.details[-4000:]}" if e.details else ""
-        raise pytest.UsageError(f"{e}{hint}{details}") from None
+        raise pytest.UsageError(f"{e}{hint}{details}{_shadowing(module_name)}") from None
     if answer.get("claimed"):
         raise pytest.UsageError(backend_mod.already_claimed(answer["claimed"], module_name))
+
+
+def _shadowing(module_name: str) -> str:
+    """A note when the working directory holds a folder or file of the
+    backend's name and is on sys.path (`python -m pytest` puts it there):
+    Python then imports the source tree, not the installed backend."""
+    top = module_name.partition(".")[0]
+    cwd = Path.cwd()
+    on_path = any(Path(entry or ".").resolve() == cwd.resolve() for entry in sys.path)
+    found = [p for p in (cwd / top, cwd / f"{top}.py") if p.exists()]
+    if not (on_path and found):
+        return ""
+    return (f"\nnote: the working directory holds {found[0].name}{'/' if found[0].is_dir() else ''} and is on sys.path, "
+            f"so Python imports that source tree as {top!r}, not the installed backend. Run from another folder, "
+            "or with the `privateuse1-conformance` or `pytest` command rather than `python -m pytest` (which puts "
+            "the working directory on sys.path).")
 
 
 # The suite's longest tests (seconds to minutes each: an OpInfo entry's
@@ -182,7 +216,7 @@ class ConformanceSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        registry_path = config.getoption("registry") or registry_mod.default_path()
+        registry_path = options.value(config, "registry") or registry_mod.default_path()
         try:
             self.registry = registry_mod.load(registry_path)
         except (OSError, registry_mod.RegistryError) as e:
@@ -191,7 +225,7 @@ class ConformanceSession:
 
         self.warnings: list[str] = []
         problem = versions.torch_problem(torch.__version__)
-        if problem and not config.getoption("allow_untested_torch"):
+        if problem and not options.value(config, "allow-untested-torch"):
             raise pytest.UsageError(problem)
         if problem:
             self.warnings.append(f"torch {torch.__version__} is outside the kit's supported range "
@@ -200,17 +234,21 @@ class ConformanceSession:
         self.left_out = self.registry.leave_out_for_torch(torch.__version__)
         for contract_id, reason in self.left_out.items():
             self.warnings.append(f"{contract_id} left out: {reason}")
-        name = config.getoption("backend")
+        name = options.value(config, "backend")
         if not hasattr(config, "workerinput"):  # xdist workers: the controller checked
             profile = backend_mod.find_profile(name) or {}
             _preflight_import(profile.get("module", name))
         try:
-            self.backend = backend_mod.load(name, config.getoption("manifest"), self.registry)
+            self.backend = backend_mod.load(name, options.value(config, "manifest"), self.registry)
         except backend_mod.BackendError as e:
             raise pytest.UsageError(str(e)) from e
+        top = sys.modules.get(self.backend.module_name.partition(".")[0])
+        package = getattr(top, "__file__", None) or ""
+        if os.path.basename(package) == "__init__.py":  # (its files in the reports: harness/paths.py)
+            paths_mod.add_package(os.path.dirname(os.path.abspath(package)), top.__name__)
         manifest = self.backend.manifest
-        self.level = config.getoption("level") or manifest.claims or "full"
-        expectations_path = config.getoption("expectations") or manifest.expectations
+        self.level = options.value(config, "level") or manifest.claims or "full"
+        expectations_path = options.value(config, "expectations") or manifest.expectations
         try:
             self.expectations = (
                 expectations_mod.load(expectations_path, self.registry) if expectations_path
@@ -219,20 +257,20 @@ class ConformanceSession:
         except expectations_mod.ExpectationsError as e:
             raise pytest.UsageError(str(e)) from e
         self.expectations_path = Path(expectations_path) if expectations_path else None
-        self.only = {c.strip() for option in config.getoption("contract") for c in option.split(",") if c.strip()}
-        self.only_tests = [t.strip() for t in config.getoption("test_id") if t.strip()]
+        self.only = {c.strip() for option in options.value(config, "contract") for c in option.split(",") if c.strip()}
+        self.only_tests = [t.strip() for t in options.value(config, "test-id") if t.strip()]
         unknown = sorted(self.only - set(self.registry.contracts))
         if unknown:
             raise pytest.UsageError(f"--contract: unknown contract ID(s) {', '.join(unknown)}")
         self.sharding: shard_mod.Selector | None = None
-        if config.getoption("shard"):
+        if options.value(config, "shard"):
             try:
-                self.sharding = shard_mod.Selector(shard_mod.parse(config.getoption("shard")), self.test_id)
+                self.sharding = shard_mod.Selector(shard_mod.parse(options.value(config, "shard")), self.test_id)
             except ValueError as e:
                 raise pytest.UsageError(str(e)) from e
             config.pluginmanager.register(self.sharding, "privateuse1-conformance-shard")
-        self.timeout = config.getoption("contract_timeout")
-        self.isolation = config.getoption("isolation")
+        self.timeout = options.timeout(config)
+        self.isolation = options.value(config, "isolation")
         # Why no test can run (the backend did not answer the parent's
         # questions): every test then reports it, and the run ends at once.
         self.setup_problem: str | None = None
@@ -296,13 +334,13 @@ class ConformanceSession:
         tests would be."""
         if contracts and not self.may_select(contracts):
             return [NOT_SELECTED]
-        if self.config.getoption("operators").strip() == "none" or self.setup_problem:
+        if options.value(self.config, "operators").strip() == "none" or self.setup_problem:
             return []  # (with a setup problem nothing runs: the backend is not asked again)
         if not self._op_index:
             return []
         entries = [(key, op.name) for key, op in self._op_index.items()]
         try:
-            return operators_mod.select(entries, self.config.getoption("operators"))
+            return operators_mod.select(entries, options.value(self.config, "operators"))
         except operators_mod.OperatorsError as e:
             raise pytest.UsageError(str(e)) from None
 
@@ -480,12 +518,13 @@ class ConformanceSession:
         if self._suite_path(nodeid) is not None:
             return shlex.join([*rerun_options(self), f"--test={self.test_id(nodeid)}"])
         path, _, rest = nodeid.partition("::")
-        target = str((self.config.rootpath / path).resolve()) + (f"::{rest}" if rest else "")
+        # (from the working directory; no path of this machine: harness/paths.py)
+        target = portable(str((self.config.rootpath / path).resolve())) + (f"::{rest}" if rest else "")
         args = ["pytest", f"--backend={self.backend.requested}"]
         for option in ("manifest", "expectations"):
-            value = self.config.getoption(option)
+            value = options.value(self.config, option)
             if value:
-                args.append(f"--{option}={Path(value).resolve()}")
+                args.append(f"--{option}={portable(str(Path(value).resolve()))}")
         return shlex.join(args + [target])
 
     def selects(self, item: pytest.Item) -> bool:
@@ -499,6 +538,36 @@ class ConformanceSession:
 
     # tryfirst: see every collected test (before -k / -m deselect) for coverage.
     @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """The C++ probe, compiled before the suite is collected (its module
+        imports it) when this torch has no cached build: said on the
+        terminal, with what it costs, since the collection's output is
+        captured. In a parallel run the controller builds it, once, before
+        it starts the workers. A failed build is reported where the suite
+        imports the probe."""
+        if hasattr(self.config, "workerinput"):
+            return
+        from privateuse1_conformance.conformance import _probe
+
+        if _probe.is_built():
+            return
+        import torch
+
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        say = (lambda text: terminal.write_line(text)) if terminal else (lambda text: None)
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            say(f"compiling the kit's C++ probe against torch {torch.__version__}: once per torch build, "
+                f"{_probe.EXPECTED_TIME} (cached in {_probe.cache_root()})")
+        began = time.monotonic()
+        try:
+            _probe.load()
+        except Exception:  # noqa: BLE001 - the suite's import of the probe reports it
+            return
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            say(f"compiled the C++ probe in {time.monotonic() - began:.0f} s")
+
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         problems = []
         selected, deselected = [], []
@@ -589,7 +658,7 @@ class ConformanceSession:
                            ("continue_on_collection_errors", "--continue-on-collection-errors")):
             if getattr(option, name, False):
                 reasons.append(flag)
-        operators = (self.config.getoption("operators") or "default").strip()
+        operators = (options.value(self.config, "operators") or "default").strip()
         if operators not in operators_mod.COMPLETE_SELECTIONS:
             reasons.append(f"--operators {operators}")
         for arg in self.config.args:
@@ -902,9 +971,13 @@ class ConformanceSession:
             report.outcome = "skipped"
         if expected:
             report.wasxfail = "; ".join(expected)
-        keep = ("verdict", "charged", "charges", "contracts", "expectation", "note")
+        keep = ("verdict", "charged", "charges", "contracts", "expectation", "note", "not_claimed")
         report.user_properties = [p for p in report.user_properties if p[0] not in keep and p[0] != "scope"]
         report.user_properties += [("verdict", overall), ("charges", charges), ("contracts", ",".join(contracts))]
+        not_claimed = {c: self._not_claimed_reason(unclaimed[c]) for c, v in charges.items()
+                       if v == "not-claimed" and unclaimed.get(c)}
+        if not_claimed:  # (each contract's own reason, also where the test checked others too)
+            report.user_properties.append(("not_claimed", not_claimed))
         if props.get("step") and "step" not in dict(report.user_properties):
             report.user_properties.append(("step", props["step"]))
         if note:

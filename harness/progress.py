@@ -11,9 +11,11 @@ hang needs evidence that the test stopped advancing:
   an event that never comes, or a sleep that never ends.
 
 A test that uses the CPU is given another window, and another, up to
-``HARD_LIMIT`` times its time limit, after which it is a hang whatever it
-does: a busy loop inside a backend call, an endless loop, or a test so slow
-that it is indistinguishable from one.
+``HARD_LIMIT`` times its time limit (or, for a test that measures its work,
+such as an operator entry, its limit plus ``REFERENCE_FACTOR`` times the
+time the CPU took for that work: ``hard_limit``), after which it is a hang
+whatever it does: a busy loop inside a backend call, an endless loop, or a
+test so slow that it is indistinguishable from one.
 
 Why CPU time and not the stacks: a busy loop inside one backend call and a
 legitimate loop that spends most of its time on one line (a thousand calls
@@ -35,12 +37,37 @@ from dataclasses import dataclass
 
 WINDOWS_PER_LIMIT = 4        # the progress window: a quarter of the time limit
 HARD_LIMIT = 4               # a test that keeps advancing is stopped at 4x its limit
+REFERENCE_FACTOR = 4         # ... or at its limit plus 4x the reference work it measured, if longer
 CPU_FLOOR = 0.01             # below 1 % of one CPU over a window: no progress
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def window(timeout: float) -> float:
     return timeout / WINDOWS_PER_LIMIT
+
+
+def hard_limit(timeout: float, reference: float = 0.0) -> float:
+    """Seconds after which a test that keeps advancing is a hang all the same.
+
+    `reference`: the seconds the test says it spent on reference work so far
+    (evidence.reference_work: an operator entry's CPU computing what the
+    device's results are compared with, in the same process, on the same
+    machine). The device does the same work, so a test whose work is large
+    is given time in proportion to it: a backend as fast as the CPU, or up to
+    three times slower, is never a hang however long the entry, on a loaded
+    machine too (both sides slow down alike)."""
+    return max(HARD_LIMIT * timeout, timeout + REFERENCE_FACTOR * reference)
+
+
+def hard_limit_reason(timeout: float, reference: float) -> str:
+    """What the hard limit was, for the hang's message."""
+    limit = hard_limit(timeout, reference)
+    if limit > HARD_LIMIT * timeout:
+        return (f"still running after {limit:g} s, its time limit plus {REFERENCE_FACTOR} times the {reference:.1f} s "
+                "the CPU took for the same work, although it kept using the CPU (a backend more than "
+                f"{REFERENCE_FACTOR - 1} times slower than the CPU on this work, or a busy loop)")
+    return (f"still running after {HARD_LIMIT} times the time limit ({limit:g} s), although it kept using the CPU "
+            "(a busy loop, or a test too slow to tell from one)")
 
 
 DUMP_SIGNAL = signal.SIGUSR1  # asks a test process for its threads' stacks

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from privateuse1_conformance.reports.model import Provenance
 
 from . import backend as backend_mod
+from .paths import portable
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -27,7 +28,7 @@ def _file_record(path: Path | None) -> dict[str, str] | None:
     if path is None:
         return None
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return {"path": str(path), "sha256": digest}
+    return {"path": portable(str(Path(path).resolve())), "sha256": digest}
 
 
 def kit_version() -> str:
@@ -186,7 +187,7 @@ def _seeds(session: ConformanceSession) -> dict[str, str]:
 
 def warnings_of(session: ConformanceSession) -> list[str]:
     """The run's warnings so far (they may grow while it runs)."""
-    warnings = list(session.warnings)
+    warnings = [portable(w) for w in session.warnings]
     if session.parent_initialized:
         warnings.append("the backend was initialized by importing it; tests ran in processes "
                         "forked from an initialized backend")
@@ -211,11 +212,12 @@ def collect(session: ConformanceSession, started: float, duration: float) -> Pro
         backend_name=backend.name,
         backend_module=backend.module_name,
         backend_version=_backend_version(session),
-        backend_file=str(getattr(backend.module, "__file__", "") or ""),
+        backend_file=portable(str(getattr(backend.module, "__file__", "") or "")),
         device_type=backend.device_type,
         device_count=session.device_count,
-        command_line=list(sys.argv),
-        working_directory=os.getcwd(),
+        # (a published report carries no path of this machine: harness/paths.py)
+        command_line=[portable(arg) for arg in sys.argv],
+        working_directory=portable(os.getcwd(), keep_cwd=True),
         level_checked=session.level,
         isolation=session.isolation,
         workers=session.workers,

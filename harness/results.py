@@ -21,9 +21,11 @@ from privateuse1_conformance.reports import model
 from privateuse1_conformance.reports.model import Verdict
 from privateuse1_conformance.reports.text import one_line
 
+from . import options
 from . import registry as registry_mod
 from . import shard as shard_mod
 from .operators import CELLS_PROPERTY, OUTCOMES_PROPERTY, operator_result
+from .paths import portable
 
 if TYPE_CHECKING:
     from .plugin import ConformanceSession
@@ -38,6 +40,10 @@ CLI = "privateuse1-conformance"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _SPACES = re.compile(r"\s+")
 CAUSE_LIMIT = 300
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def cause_of(error: BaseException) -> str:
@@ -76,6 +82,10 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]), ""
     props = dict(report.user_properties)
+    if verdict is Verdict.NOT_CLAIMED and not props.get("message"):
+        # A test that ran for its other contracts: each unclaimed one's reason.
+        reasons = list(dict.fromkeys((props.get("not_claimed") or {}).values()))
+        return "; ".join(reasons) or "not claimed: the backend does not claim a feature this test needs", ""
     details = props.get("details") or report.longreprtext
     crash = getattr(report.longrepr, "reprcrash", None)
     if props.get("message"):  # a check's Violation: its own words, without the exception's class
@@ -88,7 +98,7 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
         message = f"{props['note']}: {message}"
     if verdict is Verdict.XFAIL:
         message = f"{getattr(report, 'wasxfail', '')} (expected; actual: {message})"
-    return _trim(message), _trim(details)
+    return _trim(portable(message)), _trim(portable(details))
 
 
 def rerun_options(session: ConformanceSession) -> list[str]:
@@ -99,18 +109,17 @@ def rerun_options(session: ConformanceSession) -> list[str]:
     cached = getattr(session, "_rerun_options", None)
     if cached is not None:
         return cached
-    from .plugin import DEFAULT_TIMEOUT  # not at the top: plugin imports this module
-
     config = session.config
     args = [CLI, "run", f"--backend={session.backend.requested}"]
     for option in ("manifest", "expectations"):
-        if config.getoption(option):
-            args.append(f"--{option}={os.path.abspath(config.getoption(option))}")
-    if config.getoption("level"):
-        args.append(f"--level={config.getoption('level')}")
-    if session.timeout != DEFAULT_TIMEOUT:
+        if options.value(config, option):
+            # (relative to the working directory, or a placeholder: harness/paths.py)
+            args.append(f"--{option}={portable(os.path.abspath(options.value(config, option)))}")
+    if options.value(config, "level"):
+        args.append(f"--level={options.value(config, 'level')}")
+    if session.timeout != options.DEFAULT_TIMEOUT:
         args.append(f"--timeout={session.timeout:g}")
-    operators = config.getoption("operators", "default")
+    operators = options.value(config, "operators")
     if operators and operators != "default":
         args.append(f"--operators={operators}")
     session._rerun_options = args
@@ -133,7 +142,7 @@ class RunRecorder:
         self.results: list[model.ContractResult] = []
         self.reached: str | None = None
         self.started = time.time()
-        self.report_dir = None if self.is_worker else session.config.getoption("report_dir")
+        self.report_dir = None if self.is_worker else options.value(session.config, "report-dir")
         self._provenance: model.Provenance | None = None
         self._next_write = 0.0
         if self.report_dir:
@@ -169,7 +178,7 @@ class RunRecorder:
             test.clause = props.get("clause", "")
             test.step = props.get("step", "")
         # Per contract, likewise: the worst of the phases' charges.
-        outcomes = self._contract_outcomes(charges, verdict, message)
+        outcomes = self._contract_outcomes(charges, verdict, message, props.get("not_claimed") or {})
         operator_outcomes = props.get(OUTCOMES_PROPERTY)
         if operator_outcomes and report.when == "call":  # an operators-area test: each contract's own outcome
             outcomes = {c: (charge, operator_outcomes.get(c, ["", ""])[1] or (
@@ -186,18 +195,21 @@ class RunRecorder:
             self.operators[report.nodeid] = operator_result(test.nodeid, cells, verdict, message, test.verdicts)
 
     @staticmethod
-    def _contract_outcomes(charges: dict[str, Verdict], verdict: Verdict,
-                           message: str) -> dict[str, tuple[Verdict, str]]:
+    def _contract_outcomes(charges: dict[str, Verdict], verdict: Verdict, message: str,
+                           not_claimed: dict[str, str]) -> dict[str, tuple[Verdict, str]]:
         """(verdict, message) per contract for one phase whose own verdict and
-        message are `verdict` and `message`."""
+        message are `verdict` and `message`; `not_claimed`: the reason of
+        each contract charged not-claimed (the features it needs)."""
         failed = next((c for c, v in charges.items()
                        if v is verdict and (v.is_failure or v is Verdict.XFAIL)), None)
         outcomes = {}
         for contract_id, charge in charges.items():
-            if charge is verdict:
+            if charge is Verdict.NOT_CLAIMED and not_claimed.get(contract_id):
+                text = not_claimed[contract_id]
+            elif charge is verdict:
                 text = message
             elif charge is Verdict.INCONCLUSIVE and failed:
-                text = (f"no evidence: the test stopped at a {verdict.value} charged to {failed} "
+                text = (f"no evidence: the test stopped at {_article(verdict.value)} {verdict.value} charged to {failed} "
                         "before this contract's checks were done")
             elif charge is Verdict.NOT_CLAIMED:
                 text = "not claimed: the backend does not claim a feature this contract needs"
@@ -243,7 +255,7 @@ class RunRecorder:
         split) and what, if anything, narrowed the selection."""
         session = self.session
         return {"tests": len(session.selected_ids), "sha256": model.selection_digest(session.selected_ids),
-                "operators": (session.config.getoption("operators") or "default").strip(),
+                "operators": (options.value(session.config, "operators") or "default").strip(),
                 "narrowed_by": list(session.narrowed_by)}
 
     def missing(self) -> list[str]:

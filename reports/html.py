@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from .text import (VERDICT_COLOURS, VERDICT_ORDER, backend_label, cell_problems, failing_cells, failing_contracts,
                    map_strings, matrix_dtypes, narrowed_by, optional_claimed, printable, provenance_rows,
-                   satisfied_percent, title, truncate, unsatisfied_of_level)
+                   satisfied_percent, source_links, title, truncate, unsatisfied_of_level)
 
 # One letter per verdict in the operator matrix's squares (the colour says it
 # too; the letter is for people who do not tell the colours apart).
@@ -36,6 +36,7 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True)
     environment.filters["truncate_text"] = truncate
+    environment.globals["source_links"] = source_links
     return environment
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from . import json_report
+from . import json_report, verify
 from .model import ContractResult, Provenance, Run, TestResult, selection_digest
 from .text import one_line
 
@@ -63,6 +63,8 @@ def _shard_problems(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         digest = json_report.digest_problem(document)
         if digest:
             problems.append(f"{name}: {digest}")
+        else:  # (a shard edited and re-sealed: its digest holds, its verdicts do not follow from its tests)
+            problems += [f"{name}: {problem}" for problem in verify.consistency_problems(document)]
         if not document["complete"]:
             problems.append(f"{name}: the shard's run is incomplete (interrupted or crashed): rerun that shard")
         if document["provenance"]["shard"] is None:

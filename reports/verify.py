@@ -99,7 +99,9 @@ def _short(value: Any) -> str:
     return one_line(repr(value), 80)
 
 
-def _consistency_problems(document: dict[str, Any]) -> list[str]:
+def consistency_problems(document: dict[str, Any]) -> list[str]:
+    """Where `document` differs from what its own tests compute (verdicts,
+    levels, summary): an edit re-sealed with a new digest shows here."""
     recomputed = json_report.to_document(json_report.from_document(document))
     differences = list(_differences(
         {k: v for k, v in recomputed.items() if k != "digest"},
@@ -294,7 +296,7 @@ def verify(document: dict[str, Any], registry: list[ContractInfo], optional_feat
     digest = json_report.digest_problem(document)
     if digest:
         result.problems.append(digest)
-    result.problems += _consistency_problems(document)
+    result.problems += consistency_problems(document)
     if not document["complete"]:
         result.problems.append("the run is incomplete (interrupted or crashed): complete is false")
     result.problems += _provenance_problems(provenance)

@@ -3,6 +3,7 @@ killed in the middle) never sees a half-written file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -32,15 +33,22 @@ FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` by `text` at once: a reader sees the old file or the
+    new one. Interrupted anywhere (SIGINT is a KeyboardInterrupt here), it
+    leaves no temporary file and lets the interrupt through: the cleanup
+    never raises in its place (the file may already be renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             os.fchmod(f.fileno(), FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 

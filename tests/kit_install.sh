@@ -5,8 +5,8 @@
 #   3. from an unrelated folder, the CI recipe (docs/ci/conformance.sh) with the
 #      kit already installed: `privateuse1-conformance run` (the whole suite,
 #      the default workers), the job summary, `verify` as the gate; then
-#      `pytest --backend` (the core level, one worker). The first use compiles
-#      the kit's C++ probe into a fresh cache.
+#      `pytest --backend` (the core level, one worker). The recipe's run, the
+#      kit's first use, compiles its C++ probe into a fresh cache (and says so).
 # usage: tests/kit_install.sh WORKDIR BACKEND BACKEND_PYTHONPATH MANIFEST
 # BASE_PYTHON: the interpreter that makes the environment (default python3);
 # the CI recipe's settings (GITHUB_STEP_SUMMARY, ...) come from the environment.
@@ -37,7 +37,6 @@ step kit "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-ch
 
 cd "$work/unrelated"
 export PYTHONPATH="$backend_path" PU1C_PROBE_CACHE="$work/probe-cache"
-step probe "$work/venv/bin/python" -m privateuse1_conformance.conformance._probe
 # Both runs run whatever the first's status: the script exits with the first failure's.
 status=0
 step ci-recipe env BACKEND="$backend" MANIFEST="$manifest" KIT= BACKEND_PACKAGE= PYTHON="$work/venv/bin/python" \

@@ -28,11 +28,6 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_sessionfinish(session, exitstatus) -> None:
     if hasattr(session.config, "workerinput") or not _unexpected:
         return  # (xdist workers: the controller sees every report)
-    if session.config.getoption("backend", default=None):
-        # A conformance run (the suite against a backend, which loads this
-        # folder's conftest when pytest-xdist starts it from the repository's
-        # root): its skips are the kit's verdicts (inconclusive), judged by it.
-        return
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     if terminal is not None:
         terminal.section("skips that prove nothing (tests/skip_gate.py ALLOWED_SKIPS)", sep="=", red=True)

@@ -39,6 +39,23 @@ def test_crash_in_another_threads_scope():
         thread.start()
         thread.join()
 
+@pytest.mark.contract("HK-DEV-001", "GD-DEV-001")
+def test_crash_in_work_handed_to_a_new_thread():
+    from privateuse1_conformance.conformance._helpers import in_thread
+    with scope("GD-DEV-001", "handed to a new thread"):
+        in_thread(lambda: ctypes.string_at(0))  # the scope opened here follows the call
+
+@pytest.mark.contract("ST-NEW-001", "ST-CUR-001")
+def test_crash_in_work_handed_to_a_waiting_worker():
+    import queue
+    from privateuse1_conformance.harness.evidence import carry
+    calls = queue.Queue()
+    worker = threading.Thread(target=lambda: calls.get()())  # started outside any scope
+    worker.start()
+    with scope("ST-CUR-001", "handed to a worker"):
+        calls.put(carry(lambda: ctypes.string_at(0)))
+        worker.join()
+
 @pytest.mark.contract("DM-SET-001", "DM-SET-002")
 def test_hang_inside_a_scope():
     with scope("DM-SET-002", "waiting forever"):
@@ -112,6 +129,32 @@ def test_a_crash_is_charged_to_the_crashing_threads_scope(attribution_run):
     assert run.verdicts()["DM-GET-001"] == "crash", run.contract("DM-GET-001")
     assert _test(run, "DM-GET-001", "test_crash_in_another_threads_scope")["step"] == "worker"
     assert run.verdicts()["DM-COUNT-003"] == "inconclusive"
+
+
+@pytest.mark.parametrize("contract,primary,test,step", [
+    ("GD-DEV-001", "HK-DEV-001", "test_crash_in_work_handed_to_a_new_thread", "handed to a new thread"),
+    ("ST-CUR-001", "ST-NEW-001", "test_crash_in_work_handed_to_a_waiting_worker", "handed to a worker"),
+])
+def test_a_crash_in_work_handed_to_another_thread_is_charged_to_the_scope_that_handed_it(
+        attribution_run, contract, primary, test, step):
+    """The kit's own thread helpers carry the open scope with the work: the
+    crashing thread is the worker, the scope the test's."""
+    run = attribution_run
+    crashed = _test(run, contract, test)
+    assert crashed["verdict"] == "crash" and crashed["step"] == step, crashed
+    assert run.verdicts()[primary] == "inconclusive"
+
+
+def test_crashes_by_one_signal_in_different_places_are_different_causes(attribution_run):
+    """Root causes group crashes by where they happened (the open scope's
+    contract, the innermost frame, an abort's message), not by signal alone."""
+    causes = {t["nodeid"].split("::")[1]: t["cause"] for c in attribution_run.report["contracts"]
+              for t in c["tests"] if t["verdict"] == "crash"}
+    assert causes["test_crash_inside_a_scope"].startswith("crash: the test process was killed by SIGSEGV in "
+                                                          "DM-COUNT-002, at test_crash_inside_a_scope"), causes
+    assert causes["test_crash_in_work_handed_to_a_new_thread"] != causes[
+        "test_crash_in_work_handed_to_a_waiting_worker"], causes
+    assert len(set(causes.values())) == len(causes), causes
 
 
 def test_a_hang_is_charged_to_the_scope_the_test_is_stuck_in(attribution_run):

@@ -88,6 +88,16 @@ def test_with_one_device_its_verdicts_are_earned_not_skipped(one_device):
     _judge_earned(one_device, UNCLAIMED | {"multi-device"})
 
 
+def test_with_one_device_every_not_claimed_verdict_says_which_feature(one_device):
+    """Also where a test checks other contracts too (the state machines):
+    each contract charged not-claimed names the feature it needs."""
+    silent = [(c["id"], t["nodeid"], message) for c in one_device.report["contracts"] for t in c["tests"]
+              if t.get("verdicts", {}).get(c["id"], t["verdict"]) == "not-claimed"
+              and not (message := t.get("messages", {}).get(c["id"], t["message"])).startswith(
+                  "not claimed: the backend does not claim feature(s) ")]
+    assert not silent, silent[:5]
+
+
 def _installed_pu1_sync(folder, entry_point: bool):
     """pu1_sync as an installed distribution (a dist-info folder on the path),
     with or without a torch.backends entry point, and a manifest that claims

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit_support import FEW_OPERATORS, FIXTURE_DIR, pu1_minimal_run, run_suite
+from kit_support import FEW_OPERATORS, FIXTURE_DIR, PU1_SYNC_MANIFEST, pu1_minimal_run, run_suite
 from privateuse1_conformance.harness import registry as registry_mod
 
 FAILURE_VERDICTS = {"fail", "error"}
@@ -99,3 +99,20 @@ def test_faulty_backend_crash_and_hang_cost_only_their_contracts(faulty_run, reg
     assert "no-test" not in verdicts.values()
     for contract_id in ("DM-NAME-001", "DM-COUNT-001", "HK-REG-001", "GD-DEV-001"):
         assert verdicts[contract_id] == "pass", (contract_id, verdicts[contract_id])
+
+
+def test_a_missing_device_context_under_an_expectation_costs_no_other_contract(tmp_path):
+    """pu1_sync without its module's device(): DM-CTX-001 fails and its
+    expectation excuses it; the state machines that enter device() among
+    other steps leave that step out, so the contracts of their other steps
+    (DM-SET-001, DM-THREAD-001) keep their passes."""
+    expectations = tmp_path / "expectations.toml"
+    expectations.write_text('[[expect]]\ncontract = "DM-CTX-001"\nreason = "no device() context manager yet"\n')
+    run = run_suite("pu1_sync", tmp_path, f"--manifest={PU1_SYNC_MANIFEST}", f"--expectations={expectations}",
+                    "--contract=DM-CTX-001,DM-SET-001,DM-THREAD-001",
+                    env={"PU1_SYNC_WITHOUT_DEVICE_CONTEXT": "1"})
+    verdicts = run.verdicts()
+    assert verdicts["DM-CTX-001"] == "xfail", run.contract("DM-CTX-001")
+    for contract_id in ("DM-SET-001", "DM-THREAD-001"):
+        assert verdicts[contract_id] == "pass", [
+            (t["nodeid"], t["verdict"], t["message"][:500]) for t in run.contract(contract_id)["tests"]]

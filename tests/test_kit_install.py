@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -34,8 +35,19 @@ def test_the_script_succeeds(installed):
     work, kit = installed
     assert kit.ci.returncode == 0, f"{kit.ci.stdout[-6000:]}\n{kit.ci.stderr[-6000:]}"
     times = dict(line.split("\t") for line in (work / "times.tsv").read_text().splitlines())
-    assert set(times) == {"venv", "torch", "kit", "probe", "ci-recipe", "pytest-run"}
+    assert set(times) == {"venv", "torch", "kit", "ci-recipe", "pytest-run"}
     print("install and run times (s):", times)
+
+
+def test_the_first_run_says_it_compiles_the_probe_and_what_it_took(installed):
+    """The kit's first use compiles its C++ probe (minutes on two cores):
+    the run says so on the terminal before it starts, and how long it took."""
+    work, kit = installed
+    output = kit.ci.stdout
+    assert "compiling the kit's C++ probe against torch 2.13" in output, output[-6000:]
+    took = re.search(r"compiled the C\+\+ probe in (\d+) s", output)
+    assert took, output[-6000:]
+    print("probe compile (s):", took.group(1))
 
 
 def test_the_kit_alone_was_installed(installed):

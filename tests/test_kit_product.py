@@ -4,6 +4,7 @@ test, the backend's display name, and the C++ probe's build errors."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit_support import run_pytest
+from kit_support import FIXTURE_DIR, PU1_SYNC_MANIFEST, REPO, run_pytest
 from privateuse1_conformance.conformance import _probe
 from privateuse1_conformance.harness import backend as backend_mod
 from privateuse1_conformance.harness import expectations as expectations_mod
@@ -31,6 +32,65 @@ def test_pytest_backend_runs_the_installed_suite_from_any_folder(tmp_path):
     assert "passed" in proc.stdout and (tmp_path / "report" / "report.json").exists()
 
 
+def _vendor_repository(root: Path) -> Path:
+    """A backend's repository, flat layout: the source tree `pu1_sync/` of an
+    installed backend (here one that fails on import, as a source tree
+    without its built extension does) beside a conftest.py and
+    tests/conftest.py that record being loaded."""
+    (root / "pu1_sync").mkdir(parents=True)
+    (root / "pu1_sync" / "__init__.py").write_text(
+        "raise ImportError(\"cannot import name '_C' from partially initialized module 'pu1_sync' (the source "
+        "tree, not the installed package)\")\n")
+    (root / "tests").mkdir()
+    for conftest in (root / "conftest.py", root / "tests" / "conftest.py"):
+        conftest.write_text(f"import pathlib\npathlib.Path({str(conftest) + '.loaded'!r}).write_text('')\n")
+    return root
+
+
+def _installed_pu1_sync() -> dict:
+    """The environment where pu1_sync is importable as if installed."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(FIXTURE_DIR), os.environ.get("PYTHONPATH"))
+                                                        if p)}
+
+
+@pytest.mark.parametrize("command", ["cli", "pytest", "ci-recipe"])
+def test_a_run_from_a_backends_repository_imports_the_installed_backend(command, tmp_path):
+    """Run from the root of a flat-layout backend repository (as the CI
+    recipes do): the repository's conftest files stay out of the run, so the
+    source tree does not shadow the installed backend."""
+    repository = _vendor_repository(tmp_path / "repository")
+    bin_dir = Path(sys.executable).parent
+    selection = ["--contract=DM-ACC-001", f"--report-dir={tmp_path / 'report'}"]
+    env = _installed_pu1_sync()
+    if command == "ci-recipe":  # (docs/ci/conformance.sh: a narrowed run, which its gate then refuses)
+        env.update(BACKEND="pu1_sync", MANIFEST=str(PU1_SYNC_MANIFEST), KIT="", BACKEND_PACKAGE="",
+                   PYTHON=sys.executable, REPORT_DIR=str(tmp_path / "report"))
+        args = ["bash", str(REPO / "docs" / "ci" / "conformance.sh"), "-j", "1", "--contract=DM-ACC-001"]
+    elif command == "cli":
+        args = [str(bin_dir / "privateuse1-conformance"), "run", "-j", "1", "--backend=pu1_sync",
+                f"--manifest={PU1_SYNC_MANIFEST}", *selection]
+    else:
+        args = [str(bin_dir / "pytest"), "-p", "no:cacheprovider", "-q", "--backend=pu1_sync",
+                f"--manifest={PU1_SYNC_MANIFEST}", *selection]
+    proc = subprocess.run(args, cwd=repository, env=env, capture_output=True, text=True, timeout=600)
+    if command == "ci-recipe":
+        assert "the run exited with status 0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list(repository.rglob("*.loaded")), "the repository's conftest files were loaded into the run"
+
+
+def test_python_m_pytest_in_a_backends_repository_names_the_shadowing(tmp_path):
+    """`python -m pytest` puts the working directory on sys.path: the source
+    tree is imported, and the usage error says so."""
+    repository = _vendor_repository(tmp_path / "repository")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--backend=pu1_sync",
+                           f"--manifest={PU1_SYNC_MANIFEST}", "--contract=DM-ACC-001"], cwd=repository,
+                          env=_installed_pu1_sync(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the working directory holds pu1_sync/ and is on sys.path" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_the_plugin_is_inert_without_backend(tmp_path):
     (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
@@ -42,6 +102,53 @@ def test_the_plugin_is_inert_without_backend(tmp_path):
                            "-p", "no:cacheprovider", "-q", "--backend=openreg"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4 and "unrecognized arguments: --backend" in proc.stderr
+
+
+# A suite of another project's, in the same environment as the kit: its own
+# --level and --backend (a conftest's options), or a --level it only passes.
+PEER_CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--level", type=int, default=0)
+    parser.addoption("--backend", default="none")
+"""
+PEER_TEST = """
+def test_options(request):
+    assert request.config.getoption("level") == 8
+    assert request.config.getoption("backend") == "theirs"
+"""
+
+
+def _pytest(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_another_suites_level_and_backend_options_are_theirs(tmp_path):
+    """The plugin loads into every session: its short option names give way
+    to a conftest's options of the same names, and a session of another
+    suite is not a conformance run."""
+    (tmp_path / "conftest.py").write_text(PEER_CONFTEST)
+    (tmp_path / "test_peer.py").write_text(PEER_TEST)
+    proc = _pytest(["--level", "8", "--backend=theirs"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 passed" in proc.stdout and "PrivateUse1 conformance" not in proc.stdout
+
+
+def test_a_level_the_kit_does_not_know_stops_only_a_conformance_run(tmp_path):
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    proc = _pytest(["--level", "8"], tmp_path)  # another suite's value, passed through
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for option in ("--level", "--pu1-level"):
+        proc = _pytest(["--backend=openreg", option, "8"], tmp_path)
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "--level: '8' is not a level; the levels are core, standard, full" in proc.stderr, proc.stderr
+
+
+def test_the_canonical_option_names_run_the_suite(tmp_path):
+    proc = _pytest(["--pu1-backend=openreg", "--pu1-contract=DM-ACC-001", f"--pu1-report-dir={tmp_path / 'report'}"],
+                   tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "passed" in proc.stdout and (tmp_path / "report" / "report.json").exists()
 
 
 # ------------------------------------------------------------ torch versions

@@ -194,8 +194,19 @@ def test_merge_refuses_anything_but_every_untouched_shard_of_one_run(scratch):
     next(c for c in edited["contracts"] if c["tests"])["tests"].pop()
     assert "digest mismatch" in refused([one, ("edited", edited), three])
 
-    resealed = json_report.seal(copy.deepcopy(edited))  # the edit, sealed again: the tests are not the run's
+    # The edit made consistent (verdicts and summary recomputed) and sealed
+    # again: the tests are not the part of the run the shard's index says.
+    resealed = json_report.seal(json_report.to_document(json_report.from_document(edited)))
     assert "not the part of the run its index says" in refused([one, ("resealed", resealed), three])
+
+    # A verdict edited and sealed again, its tests untouched: the digest
+    # holds, but the shard no longer says what its tests say. Merging it
+    # would launder it into a consistent merged report.
+    laundered = copy.deepcopy(shards[2])
+    contract = next(c for c in laundered["contracts"] if c["tests"])
+    contract["verdict"] = "fail" if contract["verdict"] == "pass" else "pass"
+    problems = refused([one, ("laundered", json_report.seal(laundered)), three])
+    assert "laundered: inconsistent" in problems and "/verdict: recorded" in problems, problems
 
     incomplete = copy.deepcopy(shards[3])
     incomplete["complete"] = False

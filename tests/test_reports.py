@@ -199,6 +199,65 @@ def test_write_all_writes_every_format_readable_by_others(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
 
 
+def _interrupt_at_line(k: int):
+    """A trace function that raises KeyboardInterrupt (what SIGINT raises) at
+    the k-th line atomic_write's own frame runs, once."""
+    seen = {"lines": 0, "fired": False}
+
+    def local(frame, event, arg):
+        if event == "line" and not seen["fired"]:
+            seen["lines"] += 1
+            if seen["lines"] == k:
+                seen["fired"] = True
+                raise KeyboardInterrupt
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is writer.atomic_write.__code__ else None
+
+    return tracer, seen
+
+
+def test_an_interrupt_anywhere_in_a_write_goes_through_and_leaves_old_or_new(tmp_path, monkeypatch):
+    """SIGINT at every line of atomic_write, and just after the rename: the
+    KeyboardInterrupt reaches the caller (never a FileNotFoundError from the
+    cleanup in its place), the file holds the old text or the new one, and
+    no temporary file is left."""
+    import sys
+
+    path = tmp_path / "report.json"
+    fired = 0
+    for k in range(1, 100):
+        path.write_text("old")
+        tracer, seen = _interrupt_at_line(k)
+        sys.settrace(tracer)
+        try:
+            writer.atomic_write(path, "new")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert path.read_text() in ("old", "new"), k
+        assert not list(tmp_path.glob(".*.tmp")), f"a temporary file was left by an interrupt at line {k}"
+        if not seen["fired"]:
+            break  # every line was interrupted once
+        fired += 1
+    assert fired >= 5, "the trace should have interrupted every line of atomic_write"
+
+    real_replace = writer.os.replace
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer.os, "replace", replace_then_interrupt)
+    path.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        writer.atomic_write(path, "new")
+    assert path.read_text() == "new"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 # --------------------------------------------------------------- renderings
 
 class _TagCollector(html.parser.HTMLParser):
@@ -250,7 +309,10 @@ def test_renderings_keep_hostile_backend_strings_inert():
     parser.feed(page)
     tag_names = [tag for tag, _ in parser.tags]
     assert tag_names.count("script") == 1 and parser.scripts == [_our_script()]
-    assert "img" not in tag_names and "a" not in tag_names
+    assert "img" not in tag_names
+    # The only links are the ones the page makes to PyTorch's sources and docs.
+    assert all(attrs.get("href", "").startswith("https://github.com/pytorch/pytorch/blob/")
+               for tag, attrs in parser.tags if tag == "a"), [a for t, a in parser.tags if t == "a"]
     assert not [name for _, attrs in parser.tags for name in attrs if name.startswith("on")]
     text = "".join(parser.text)
     assert "<script>alert(1)</script>" in text, "hostile markup must be shown as text"
@@ -378,8 +440,23 @@ def test_html_page_needs_no_network():
     assert "default-src 'none'" in csp
     for tag, attrs in parser.tags:
         for name in ("src", "href"):
+            if tag == "a" and name == "href":  # a link to a contract's source loads nothing until followed
+                assert attrs[name].startswith("https://"), attrs
+                continue
             assert name not in attrs, f"<{tag} {name}=...> would load something"
-    assert re.search(r"\bhttps?://", page.split("<body>", 1)[1].replace("http://www.w3.org", "")) is None
+
+
+def test_html_links_each_contracts_sources():
+    """As report.md does: the PyTorch files a contract's source names, linked
+    at the tag of the run's torch."""
+    document = json_report.to_document(make_run())
+    failing = next(c for c in document["contracts"] if not c["satisfied"])
+    failing["source"] = "docs/source/accelerator/device.md (validate inputs); <b>x</b>"
+    page = html_report.render(document)
+    release = "v" + document["provenance"]["torch_version"].split("+")[0]
+    assert (f'· <a href="https://github.com/pytorch/pytorch/blob/{release}/docs/source/accelerator/device.md">'
+            "docs/source/accelerator/device.md</a>") in page, page[:2000]
+    assert "&lt;b&gt;x&lt;/b&gt;" in page  # the rest escaped
 
 
 # --------------------------------------------------------------- diff
@@ -642,6 +719,7 @@ class _RowCollector(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.rows: list[tuple[str, bool]] = []
+        self.failures: list[tuple[str, bool]] = []  # the unsatisfied contracts' list above the table
         self.by_id: dict[str, str] = {}
         self._id = None
 
@@ -649,6 +727,8 @@ class _RowCollector(html.parser.HTMLParser):
         attrs = dict(attrs)
         if tag == "tbody" and "contract" in (attrs.get("class") or "").split():
             self.rows.append((attrs["data-verdict"], "hidden" in attrs))
+        if tag == "div" and "failure" in (attrs.get("class") or "").split():
+            self.failures.append((attrs["data-verdict"], "hidden" in attrs))
         self._id = attrs.get("id")
 
     def handle_endtag(self, tag):
@@ -681,6 +761,16 @@ def test_html_page_in_a_headless_browser(tmp_path):
     failures = _RowCollector()
     failures.feed(_dump_dom(page.as_uri() + "#verdict=failures", tmp_path / "profile"))
     assert sorted(v for v, hidden in failures.rows if not hidden) == ["crash", "error", "fail", "hang"]
+    # The list of unsatisfied contracts above the table follows the filter too.
+    crashes = _RowCollector()
+    crashes.feed(_dump_dom(page.as_uri() + "#verdict=crash", tmp_path / "profile"))
+    assert [v for v, hidden in crashes.failures if not hidden] == ["crash"], crashes.failures
+    assert len(crashes.failures) > 1
+
+
+def test_html_puts_the_shared_root_causes_before_the_unsatisfied_contracts():
+    page = html_report.render(json_report.to_document(_shared_cause_run()))
+    assert 'id="root-causes"' in page and page.index('id="root-causes"') < page.index('id="failures"')
 
 
 # ------------------------------------------------- Markdown, as rendered

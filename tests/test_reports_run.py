@@ -169,3 +169,28 @@ def test_killed_run_leaves_a_valid_incomplete_report(tmp_path):
     assert verified.returncode == 1 and "the run is incomplete" in verified.stdout
     rendered = cli("render", str(report_dir / "report.json"), cwd=tmp_path)
     assert rendered.returncode == 0 and "Incomplete run" in (report_dir / "report.html").read_text()
+
+
+def _machine_roots() -> set[str]:
+    import tempfile
+
+    from kit_support import REPO
+
+    return {os.path.expanduser("~"), tempfile.gettempdir(), sys.prefix, os.path.realpath(sys.prefix), str(REPO)}
+
+
+@pytest.mark.parametrize("which", ["reference", "minimal"])
+def test_a_published_report_carries_no_path_of_the_machine(which, request):
+    """Reports are published and rerun elsewhere: no rendering names the
+    run machine's home, temporary folder, Python environment or checkout
+    (paths are relative to the working directory or placeholders such as
+    <site-packages>/, harness/paths.py). The minimal backend's run has
+    tracebacks in its details; the reference run has the command lines."""
+    folder = request.getfixturevalue(which)
+    for name in sorted(REPORT_FILES):
+        text = (folder / name).read_text()
+        for root in _machine_roots():
+            assert root + "/" not in text, f"{name} names {root}/: ...{text[text.index(root + '/') - 200:][:400]}"
+    document = json.loads((folder / "report.json").read_text())
+    rerun = next(t["rerun"] for c in document["contracts"] for t in c["tests"])
+    assert rerun.startswith("privateuse1-conformance run --backend="), rerun

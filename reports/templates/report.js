@@ -4,6 +4,8 @@
   "use strict";
   var FAILURES = ["fail", "error", "crash", "hang"];
   var rows = Array.prototype.slice.call(document.querySelectorAll("tbody.contract"));
+  // The list of unsatisfied contracts above the table follows the same filter.
+  var failures = Array.prototype.slice.call(document.querySelectorAll("div.failure"));
   var boxes = Array.prototype.slice.call(document.querySelectorAll("input.verdict-filter"));
   var shown = document.getElementById("shown-count");
 
@@ -20,6 +22,10 @@
     rows.forEach(function (row) {
       var visible = wanted.length === 0 || wanted.indexOf(row.getAttribute("data-verdict")) >= 0;
       if (visible) { row.removeAttribute("hidden"); count += 1; } else { row.setAttribute("hidden", ""); }
+    });
+    failures.forEach(function (item) {
+      var visible = wanted.length === 0 || wanted.indexOf(item.getAttribute("data-verdict")) >= 0;
+      if (visible) { item.removeAttribute("hidden"); } else { item.setAttribute("hidden", ""); }
     });
     boxes.forEach(function (box) { box.checked = wanted.indexOf(box.value) >= 0; });
     shown.textContent = "Showing " + count + " of " + rows.length + " contracts";

@@ -232,6 +232,8 @@ def set_device(device: Any) -> None:
     index = device if type(device) is int else _device_index(device, optional=False)
     if index == -1 and not _mutants.active("module-set-device-minus-one-raises"):
         return
+    if index < -1 and _mutants.active("module-set-device-negative-counts-from-end"):
+        index += device_count()
     if _mutants.active("module-set-device-python-only"):
         _python_device.index = index
         return

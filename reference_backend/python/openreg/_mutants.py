@@ -40,6 +40,7 @@ KNOWN: frozenset[str] = frozenset({
     "module-memory-allocated-off",
     "module-memory-stats-stale",
     "module-set-device-minus-one-raises",
+    "module-set-device-negative-counts-from-end",
     "module-set-device-python-only",
     "rng-state-ignores-device",
     "seed-all-seeds-current-only",
