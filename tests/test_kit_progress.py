@@ -153,9 +153,13 @@ def test_a_blocked_test_is_a_hang(loaded_run):
 
 
 def test_a_hang_after_many_progress_messages_is_judged_on_time(loaded_run):
+    # A hang either way: blocked once its messages are sent, or still
+    # sending them at the hard limit on a loaded machine. (Read frame by
+    # frame with a copy of the rest each time, as the harness once did, the
+    # messages took hours to read: this module's run would not end.)
     test = _only_test(loaded_run, "DM-COUNT-001")
-    assert test["verdict"] == "hang" and "blocked" in test["message"], test["message"]
-    assert "test_blocked_after_much_progress" in test["message"] + test["details"]
+    assert test["verdict"] == "hang", test["message"]
+    assert "blocked" in test["message"] or "times the time limit" in test["message"], test["message"]
 
 
 def test_a_busy_loop_is_a_hang_at_the_hard_limit(loaded_run):
