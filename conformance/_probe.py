@@ -33,12 +33,18 @@ from types import ModuleType
 
 NAME = "_cxx"
 SOURCE_DIR = Path(__file__).resolve().parent / "cxx"
-SOURCES = ("probe.cpp", "hooks_watch.cpp", "gtest_runner.cpp",
-           "contracts_guard.cpp", "contracts_stream_guard.cpp")
+# Two translation units, compiled in parallel: the Python bindings (probe.cpp,
+# which carries torch's pybind11 headers) and every plain-C++ file as one
+# unity build (contracts.cpp includes the others), so that the headers of
+# c10, ATen and GoogleTest are parsed once. That and -O0 cut the first
+# compile's CPU time roughly in half (29 s -> 15 s measured on this kit's CI
+# machine); the probe's own code only calls into the backend, and its speed
+# does not matter.
+SOURCES = ("probe.cpp", "contracts.cpp")
 # NDEBUG as in torch's own (release) build: c10's debug-only assertions
 # (c10::Device's index check, for one) must not fire in the probe where they
 # do not fire in torch and in the backend under test.
-CFLAGS = ("-O2", "-DNDEBUG", "-Wall", "-Wno-unused-parameter")
+CFLAGS = ("-O0", "-DNDEBUG", "-Wall", "-Wno-unused-parameter")
 CACHE_ENV = "PU1C_PROBE_CACHE"
 GTEST_ENV = "GTEST_ROOT"
 
@@ -181,7 +187,7 @@ def _compile(folder: Path, verbose: bool) -> ModuleType:
 
 
 # What the first compile costs (measured: docs/vendor-guide.md).
-EXPECTED_TIME = "about a minute on two cores, a few minutes on a loaded machine"
+EXPECTED_TIME = "about 15 s of CPU: 11 s on two idle cores, longer on a loaded machine"
 
 
 def _library(folder: Path) -> Path:

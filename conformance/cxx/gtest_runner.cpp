@@ -1,19 +1,16 @@
 // gtest_list() / gtest_run(name): the C++ contract tests, one case per call.
+// Plain C++ (no Python headers): probe.cpp binds these for Python.
 #include "gtest_runner.h"
 
-#include "contracts_probes.h"
-
 #include <gtest/gtest.h>
-#include <pybind11/stl.h>
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
-
-namespace py = pybind11;
 
 namespace pu1c {
 namespace {
@@ -67,6 +64,17 @@ class Collector : public ::testing::EmptyTestEventListener {
   bool skipped = false;
 };
 
+std::string join(const std::vector<std::string>& parts) {
+  std::string text;
+  for (const auto& part : parts) {
+    if (!text.empty()) text += "\n";
+    text += part;
+  }
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::string> gtest_list() {
   ensure_initialized();
   std::vector<std::string> names;
@@ -80,20 +88,10 @@ std::vector<std::string> gtest_list() {
   return names;
 }
 
-std::string join(const std::vector<std::string>& parts) {
-  std::string text;
-  for (const auto& part : parts) {
-    if (!text.empty()) text += "\n";
-    text += part;
-  }
-  return text;
-}
-
-// Runs exactly the case `name` ("Suite.Name"): (passed, skipped, message).
-py::tuple gtest_run(const std::string& name) {
+GtestOutcome gtest_run(const std::string& name) {
   ensure_initialized();
   if (name.find_first_of("*?:-") != std::string::npos) {
-    throw py::value_error("gtest_run takes one case name (Suite.Name), not a filter: " + name);
+    throw std::invalid_argument("gtest_run takes one case name (Suite.Name), not a filter: " + name);
   }
   GTEST_FLAG_SET(filter, name);
   GTEST_FLAG_SET(also_run_disabled_tests, false);
@@ -106,11 +104,8 @@ py::tuple gtest_run(const std::string& name) {
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
   auto* collector = new Collector;
   listeners.Append(collector);  // owned by GoogleTest until released
-  {
-    py::gil_scoped_release no_gil;  // the cases start threads; the backend may need the GIL
-    // The outcome of the one case comes from the collector.
-    [[maybe_unused]] const int status = RUN_ALL_TESTS();
-  }
+  // The outcome of the one case comes from the collector.
+  [[maybe_unused]] const int status = RUN_ALL_TESTS();
   listeners.Release(collector);
   std::unique_ptr<Collector> owned(collector);
 
@@ -122,23 +117,8 @@ py::tuple gtest_run(const std::string& name) {
     }
     throw std::runtime_error(why);
   }
-  if (owned->skipped) return py::make_tuple(false, true, join(owned->skips));
-  return py::make_tuple(owned->passed, false, join(owned->failures));
-}
-
-}  // namespace
-
-void add_gtest_bindings(py::module_& m) {
-  m.def("gtest_list", &gtest_list,
-        "Names (Suite.Name) of the C++ contract tests; the suite is the contract ID with '_' for '-'");
-  m.def("gtest_run", &gtest_run, py::arg("name"),
-        "Run one C++ contract test in this process: (passed, skipped, message)");
-  m.def("guard_current_device", &guard_current_device, py::arg("kind"), py::arg("repeats"),
-        py::call_guard<py::gil_scoped_release>(),
-        "GD-DEV-002: guard the current device `repeats` times with the given guard kind");
-  m.def("guard_other_device", &guard_other_device, py::arg("index"),
-        py::call_guard<py::gil_scoped_release>(),
-        "GD-DEV-002: enter and leave one DeviceGuard to device `index`");
+  if (owned->skipped) return {false, true, join(owned->skips)};
+  return {owned->passed, false, join(owned->failures)};
 }
 
 }  // namespace pu1c

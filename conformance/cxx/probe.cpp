@@ -9,6 +9,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "contracts_probes.h"
 #include "gtest_runner.h"
 #include "hooks_watch.h"
 
@@ -110,8 +111,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Direct calls into the PrivateUse1 hooks and device guard";
 
   // ------------------------------------------------- C++ contract tests
-  // gtest_list() / gtest_run(name) and their probes (gtest_runner.cpp).
-  pu1c::add_gtest_bindings(m);
+  // gtest_list() / gtest_run(name) (gtest_runner.cpp) and the probes that
+  // Python calls directly (contracts_probes.h).
+  m.def("gtest_list", &pu1c::gtest_list,
+        "Names (Suite.Name) of the C++ contract tests; the suite is the contract ID with '_' for '-'");
+  // The cases start threads and the backend may need the GIL: released.
+  m.def("gtest_run", [](const std::string& name) {
+        const pu1c::GtestOutcome outcome = pu1c::gtest_run(name);
+        return std::make_tuple(outcome.passed, outcome.skipped, outcome.message);
+      }, py::arg("name"), py::call_guard<py::gil_scoped_release>(),
+        "Run one C++ contract test in this process: (passed, skipped, message)");
+  m.def("guard_current_device", &pu1c::guard_current_device, py::arg("kind"), py::arg("repeats"),
+        py::call_guard<py::gil_scoped_release>(),
+        "GD-DEV-002: guard the current device `repeats` times with the given guard kind");
+  m.def("guard_other_device", &pu1c::guard_other_device, py::arg("index"),
+        py::call_guard<py::gil_scoped_release>(),
+        "GD-DEV-002: enter and leave one DeviceGuard to device `index`");
 
   // ------------------------------------------------------------- hooks
   m.def("hooks_registered", [] { return at::isPrivateUse1HooksRegistered(); });
