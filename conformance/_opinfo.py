@@ -1065,7 +1065,7 @@ class OperatorCheck:
             if returned is not target:
                 outcome.record("fail", f"{step}: the in-place variant did not return its input")
                 continue
-            problem = _mismatch(target.detach().cpu(), cpu_input, atol, rtol)
+            problem = _mismatch(_results_to_cpu(target), cpu_input, atol, rtol)
             outcome.record("fail" if problem else "pass", f"{step}: the input holds {problem}" if problem else "")
 
     def _check_backward(self, dtype, forward_passed: set[int]) -> None:
@@ -1109,7 +1109,7 @@ class OperatorCheck:
                                        "CPU it computed the gradients")
                 continue
             outcome.samples += 1
-            got = [g.detach().cpu() if g is not None else None for g in got]
+            got = _results_to_cpu(list(got))
             problem = None
             for k, (g, e) in enumerate(zip(got, expected)):
                 if g is None and e is None:

@@ -196,16 +196,23 @@ def valid_value(entry: Entry, dt: str) -> Any:
     return f"{dt}:0" if entry.kind in ("device", "cxx-device") else 0
 
 
-def not_implemented_at_all(entry: Entry, ctx: SimpleNamespace) -> bool:
-    """Whether `entry` raises NotImplementedError for device 0 too: a function
-    the backend does not implement, judged by its own contract, not by how it
-    words a rejection."""
+def _shape(error: BaseException) -> str:
+    """An error's type and message with its numbers blanked: the same for
+    every index when a function fails whatever the index."""
+    return f"{type(error).__name__}: {re.sub(r'[0-9]+', 'N', str(error))}"
+
+
+def fails_for_device_0_alike(entry: Entry, ctx: SimpleNamespace, error: BaseException) -> bool:
+    """Whether `entry` raises for device 0 the error it raised for a bad
+    value (numbers aside): a function that fails whatever the index is not
+    implemented (NotImplementedError, the "Backend doesn't support ..."
+    default of PyTorch's interfaces). Its own contract judges that, not the
+    wording of a rejection; a different error for device 0 means the bad
+    value was rejected as such, and its wording is judged."""
     try:
         entry.call(ctx, valid_value(entry, ctx.dt))
-    except NotImplementedError:
-        return True
-    except Exception:  # noqa: BLE001 - device 0 is only asked whether it is implemented
-        return False
+    except Exception as e:  # noqa: BLE001 - device 0 is only asked whether it fails alike
+        return _shape(e) == _shape(error)
     return False
 
 
@@ -215,17 +222,18 @@ def reject(entry: Entry, bad: Bad, ctx: SimpleNamespace, n: int, when: str) -> N
         result = entry.call(ctx, bad.value)
     except ACCEPTED as e:
         message = str(e)
-        if isinstance(e, NotImplementedError) and not_implemented_at_all(entry, ctx):
-            inconclusive(f"{entry.name} raises NotImplementedError for device 0 as well ({message!r}): the backend "
-                         "does not implement it, which its own contract judges, not the wording of a rejection",
-                         applies=False)
+        # An index rejected as out of range names the range; one rejected for
+        # its type (an int-only function given a string) need not.
+        ranged = bad.index is None or isinstance(e, TypeError) or names_range(message, n)
+        if not (names_value(message, bad) and ranged) and fails_for_device_0_alike(entry, ctx, e):
+            inconclusive(f"{entry.name} raises for device 0 as it does for {bad.label} ({type(e).__name__}: "
+                         f"{message[:300]!r}): it is not implemented, which its own contract judges, not the "
+                         "wording of a rejection", applies=False)
         check("ER-MSG-001.5", names_value(message, bad),
               f"{what} raised {type(e).__name__} as required, but its message does not name the offending value "
               f"{bad.label}: {message!r}")
-        # An index rejected as out of range names the range; one rejected for
-        # its type (an int-only function given a string) need not.
-        if bad.index is not None and not isinstance(e, TypeError):
-            check("ER-MSG-001.5", names_range(message, n),
+        if not ranged:
+            check("ER-MSG-001.5", False,
                   f"{what} raised {type(e).__name__} as required, but its message names neither the device count {n} "
                   f"nor the valid range [0, {n}): {message!r}")
         return

@@ -321,6 +321,12 @@ def render_markdown(registry: registry_mod.Registry, contracts=None) -> str:
                 lines += [f"*Decided by:* {_text(c.decided_by)}", ""]
             if c.other_choices:
                 lines += [f"*Other legitimate choices:* {_text(c.other_choices)}", ""]
+            for fix in c.known_fixes:
+                shown = " and ".join(part for part in (f"clause `{fix.clause}` fails" if fix.clause else "",
+                                                       f"the failure matches `{fix.symptom}`" if fix.symptom else "")
+                                     if part)
+                lines += [f"*Known fix* (a failing test's report shows it when {shown}): {_text(fix.fix)} "
+                          f"([vendor guide]({fix.guide}))", ""]
             if c.clauses:
                 lines += ["| clause | what | decided by | proved by mutant |", "|---|---|---|---|"]
                 for clause_id in c.clause_ids():

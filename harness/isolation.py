@@ -148,6 +148,36 @@ _NOT_THE_BACKEND = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     os.path.dirname(os.path.dirname(pytest.__file__)) + "/pluggy")
 
 
+# Frames of the machinery that runs a test (pytest, pluggy, the kit's
+# harness, runpy): a crash dump lists them under every test, and they say
+# nothing about the backend.
+_MACHINERY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, *(p + os.sep for p in _NOT_THE_BACKEND[1:]),
+              "<frozen runpy>")
+_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line \d+ in \S+\n?', re.MULTILINE)
+
+
+def quiet_frames(dump: str) -> str:
+    """A faulthandler dump with each run of the test machinery's frames
+    folded into one line, so that what is left is the test's steps and the
+    backend's Python frames."""
+    def fold(run: re.Match) -> str:
+        lines = run.group(0).splitlines(keepends=True)
+        kept, folded = [], 0
+        for line in lines:
+            frame = _FRAME_LINE.match(line)
+            if frame and frame.group(1).startswith(_MACHINERY):
+                folded += 1
+                continue
+            if folded:
+                kept.append(f"  [{folded} frames of pytest and the kit's harness]\n")
+                folded = 0
+            kept.append(line)
+        if folded:
+            kept.append(f"  [{folded} frames of pytest and the kit's harness]\n")
+        return "".join(kept)
+    return re.sub(r'(?:^\s*File "[^"]+", line \d+ in \S+\n?)+', fold, dump, flags=re.MULTILINE)
+
+
 def crash_cause(cause: str, scope: list | None, crash_stack: str, tail: str) -> str:
     """The root cause a crash is grouped by (reports' shared root causes):
     the signal, then what tells one crash from another: the contract whose
@@ -421,9 +451,9 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
         message = (f"HANG: the test did not finish within {timeout:g} s (during {when}{where}): {hung}; "
                    f"it was killed after {duration:.0f} s")
         if last_stacks:
-            message += f"\n--- where its threads were when it was judged hung ---\n{last_stacks}"
+            message += f"\n--- where its threads were when it was judged hung ---\n{quiet_frames(last_stacks)}"
         if tail:
-            message += f"\n--- last output of the test process ---\n{tail}"
+            message += f"\n--- last output of the test process ---\n{quiet_frames(tail)}"
         reports.append(synthesize(item, when, HANG, message, duration, scope, "hang: no result within the time limit",
                                   progressed))
     elif os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0 or "teardown" not in phases_done:
@@ -435,9 +465,9 @@ def run_forked(item: pytest.Item, timeout: float) -> list[pytest.TestReport]:
             cause = "exited before finishing"
         message = f"CRASH: the test process {cause} (during {when}{where})"
         if crash_stack and crash_stack not in tail:
-            message += f"\n--- the thread that crashed ---\n{crash_stack}"
+            message += f"\n--- the thread that crashed ---\n{quiet_frames(crash_stack)}"
         if tail:
-            message += f"\n--- last output of the test process ---\n{tail}"
+            message += f"\n--- last output of the test process ---\n{quiet_frames(tail)}"
         reports.append(synthesize(item, when, CRASH, message, duration, scope,
                                   crash_cause(cause, scope, crash_stack, tail), progressed))
     elif tail and any(r.failed for r in reports):

@@ -45,6 +45,22 @@ class Feature:
 
 
 @dataclass(frozen=True)
+class KnownFix:
+    """A symptom with a known fix (the vendor guide's): a failure of the
+    contract whose clause is `clause` (when given) and whose message, root
+    cause or details match `symptom` (a regular expression, when given)."""
+
+    fix: str                   # what to register or change, in a few words
+    guide: str                 # where the vendor guide explains it: "vendor-guide.md#<section>"
+    symptom: str = ""
+    clause: str = ""
+
+    def matches(self, clause: str, text: str) -> bool:
+        return ((not self.clause or clause == self.clause)
+                and (not self.symptom or re.search(self.symptom, text) is not None))
+
+
+@dataclass(frozen=True)
 class Contract:
     id: str
     area: str
@@ -62,6 +78,12 @@ class Contract:
     # Clauses knowingly without a check or without a mutant, with the reason.
     waive_check: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     waive_mutant: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    known_fixes: tuple[KnownFix, ...] = field(default=(), compare=False, hash=False)
+
+    def known_fix(self, clause: str, text: str) -> KnownFix | None:
+        """The first known fix whose symptom a failure (its clause, and its
+        message, cause and details as `text`) shows."""
+        return next((fix for fix in self.known_fixes if fix.matches(clause, text)), None)
 
     @property
     def level_rank(self) -> int:
@@ -170,7 +192,8 @@ def load(path: str | Path) -> Registry:
         if contract_id in registry.contracts:
             raise RegistryError(f"{path}: {where}: duplicate ID")
         unknown = set(entry) - {"id", "area", "level", "statement", "source", "features", "retired", "clauses",
-                                "decided_by", "other_choices", "waive_check", "waive_mutant", "min_torch"}
+                                "decided_by", "other_choices", "waive_check", "waive_mutant", "min_torch",
+                                "known_fix"}
         if unknown:
             raise RegistryError(f"{path}: {where}: unknown keys {sorted(unknown)}")
         area, level = need(entry, "area", where), need(entry, "level", where)
@@ -204,6 +227,23 @@ def load(path: str | Path) -> Registry:
                 if not str(reason).strip():
                     raise RegistryError(f"{path}: {where}: {key} for clause {number} needs a reason")
             waivers[key] = {f"{contract_id}.{number}": str(reason) for number, reason in table.items()}
+        fixes = []
+        for number, table in enumerate(entry.get("known_fix", ()), 1):
+            what = f"{where}: known_fix #{number}"
+            if not isinstance(table, dict) or set(table) - {"fix", "guide", "symptom", "clause"}:
+                raise RegistryError(f"{path}: {what}: a table of fix, guide, symptom and clause")
+            fix = KnownFix(**{key: str(value) for key, value in table.items()})
+            if not fix.fix.strip() or not re.fullmatch(r"[\w./-]+\.md#[\w-]+", fix.guide):
+                raise RegistryError(f"{path}: {what}: needs a fix and a guide like 'vendor-guide.md#section'")
+            if not (fix.symptom or fix.clause):
+                raise RegistryError(f"{path}: {what}: needs a symptom or a clause to recognise it by")
+            if fix.clause and fix.clause not in [f"{contract_id}.{k}" for k in range(1, len(clauses) + 1)]:
+                raise RegistryError(f"{path}: {what}: clause {fix.clause!r} is not one of this contract's")
+            try:
+                re.compile(fix.symptom)
+            except re.error as e:
+                raise RegistryError(f"{path}: {what}: symptom is not a regular expression: {e}") from None
+            fixes.append(fix)
         registry.contracts[contract_id] = Contract(
             id=contract_id,
             area=area,
@@ -218,6 +258,7 @@ def load(path: str | Path) -> Registry:
             waive_check=waivers["waive_check"],
             waive_mutant=waivers["waive_mutant"],
             min_torch=min_torch,
+            known_fixes=tuple(fixes),
         )
     return registry
 

@@ -66,10 +66,39 @@ def cause_of(error: BaseException) -> str:
     return first[:CAUSE_LIMIT]
 
 
+_KIT_PREFIX = re.compile(r"^privateuse1_conformance\.harness\.evidence\.(?:Inconclusive|Violation): ")
+# The lines of a long report that are kept when it is cut to fit: the
+# backend's frames (with the source line under each), the error lines of a
+# pytest traceback, and the first line of a crash dump.
+_KEEP = re.compile(r"^(?:.*<[\w.]+>/(?!site-packages|stdlib|python|privateuse1_conformance|tmp)[^\n]*"
+                   r"|E .*|Fatal Python error: .*|CRASH: .*|HANG: .*)$")
+
+
 def _trim(text: str) -> str:
-    if len(text) > MESSAGE_LIMIT:
-        return text[: MESSAGE_LIMIT // 2] + "\n[...]\n" + text[-MESSAGE_LIMIT // 2 :]
-    return text
+    """`text`, or when longer than MESSAGE_LIMIT its first lines, the lines
+    that say where the backend was (_KEEP, as many as fit) and its end."""
+    if len(text) <= MESSAGE_LIMIT:
+        return text
+    head, tail = text[: MESSAGE_LIMIT // 4], text[-MESSAGE_LIMIT // 2:]
+    head = head[: head.rfind("\n") + 1] or head
+    tail = tail[tail.find("\n") + 1:] if "\n" in tail else tail
+    middle = text[len(head): len(text) - len(tail)].splitlines()
+    budget = MESSAGE_LIMIT - len(head) - len(tail) - 200
+    kept, cut = [], 0
+    for index, line in enumerate(middle):
+        keep = _KEEP.match(line) or (index and _KEEP.match(middle[index - 1]) and "<" in middle[index - 1]
+                                     and line.startswith("    "))  # a backend frame's source line
+        if keep and len(line) < budget:
+            if cut:
+                kept.append(f"[... {cut} lines cut ...]")
+                cut = 0
+            kept.append(line)
+            budget -= len(line) + 1
+        else:
+            cut += 1
+    if cut:
+        kept.append(f"[... {cut} lines cut ...]")
+    return head + "\n".join(kept) + "\n" + tail
 
 
 def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
@@ -80,7 +109,7 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
     if verdict is Verdict.XPASS:
         return getattr(report, "wasxfail", ""), ""
     if report.skipped and isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]), ""
+        return _KIT_PREFIX.sub("", str(report.longrepr[2])), ""
     props = dict(report.user_properties)
     if verdict is Verdict.NOT_CLAIMED and not props.get("message"):
         # A test that ran for its other contracts: each unclaimed one's reason.
@@ -92,13 +121,22 @@ def _message(report: pytest.TestReport, verdict: Verdict) -> tuple[str, str]:
         message = props["message"]
     else:
         message = crash.message if crash is not None else details.split("\n--- ", 1)[0]
-        # The prefixes of pytest.fail and of a plain assert say nothing.
-        message = message.removeprefix("Failed: ").removeprefix("AssertionError: ")
+        # The prefixes of pytest.fail, of a plain assert and of the kit's own
+        # exceptions say nothing.
+        message = _KIT_PREFIX.sub("", message.removeprefix("Failed: ").removeprefix("AssertionError: "))
     if props.get("note"):
         message = f"{props['note']}: {message}"
     if verdict is Verdict.XFAIL:
         message = f"{getattr(report, 'wasxfail', '')} (expected; actual: {message})"
     return _trim(portable(message)), _trim(portable(details))
+
+
+def known_fixes(result: model.ContractResult) -> list[str]:
+    """The known fixes of the symptoms a contract's failing tests show, once each."""
+    def shown(test: model.TestResult) -> bool:
+        verdict = test.verdict_for(result.contract.id)
+        return verdict.is_failure or verdict is Verdict.XFAIL
+    return list(dict.fromkeys(t.fix for t in result.tests if t.fix and shown(t)))
 
 
 def rerun_options(session: ConformanceSession) -> list[str]:
@@ -177,6 +215,8 @@ class RunRecorder:
             test.cause = props.get("cause", "")
             test.clause = props.get("clause", "")
             test.step = props.get("step", "")
+            test.fix = self._known_fix(charges or dict.fromkeys(contracts, verdict), verdict,
+                                       test.clause, "\n".join((message, test.cause, details)))
         # Per contract, likewise: the worst of the phases' charges.
         outcomes = self._contract_outcomes(charges, verdict, message, props.get("not_claimed") or {})
         operator_outcomes = props.get(OUTCOMES_PROPERTY)
@@ -193,6 +233,19 @@ class RunRecorder:
         cells = props.get(CELLS_PROPERTY)
         if cells is not None:  # an operators-area test: its row of the operator matrix
             self.operators[report.nodeid] = operator_result(test.nodeid, cells, verdict, message, test.verdicts)
+
+    def _known_fix(self, charges: dict[str, Verdict], verdict: Verdict, clause: str, text: str) -> str:
+        """The registry's known fix for a failure's symptom, with where the
+        vendor guide explains it ("" when none is known, or nothing failed)."""
+        if not (verdict.is_failure or verdict is Verdict.XFAIL):
+            return ""
+        for contract_id, charge in charges.items():
+            contract = self.session.registry.contracts.get(contract_id)
+            if charge is verdict and contract is not None:
+                fix = contract.known_fix(clause, text)
+                if fix is not None:
+                    return f"{fix.fix} (the kit's docs/{fix.guide})"
+        return ""
 
     @staticmethod
     def _contract_outcomes(charges: dict[str, Verdict], verdict: Verdict, message: str,
@@ -448,4 +501,6 @@ class RunRecorder:
                                 if r.verdict and t.verdict_for(r.contract.id) is r.verdict), "")
                 terminal.line(f"  {r.contract.id:<14} {verdict:<13} {one_line(message, 160)}",
                               red=bool(r.verdict and r.verdict.is_failure))
+                for fix in known_fixes(r):
+                    terminal.line(f"  {'':<14} {'':<13} known fix: {fix}")
             break

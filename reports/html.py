@@ -19,7 +19,7 @@ import jinja2
 from markupsafe import Markup
 
 from .text import (VERDICT_COLOURS, VERDICT_ORDER, backend_label, cell_problems, failing_cells, failing_contracts,
-                   map_strings, matrix_dtypes, narrowed_by, optional_claimed, printable, provenance_rows,
+                   known_fixes, map_strings, matrix_dtypes, narrowed_by, optional_claimed, printable, provenance_rows,
                    satisfied_percent, source_links, title, truncate, unsatisfied_of_level)
 
 # One letter per verdict in the operator matrix's squares (the colour says it
@@ -37,6 +37,7 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True)
     environment.filters["truncate_text"] = truncate
     environment.globals["source_links"] = source_links
+    environment.globals["known_fixes"] = known_fixes
     return environment
 
 

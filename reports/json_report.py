@@ -71,6 +71,7 @@ def _test_document(test: TestResult, contract: str) -> dict[str, Any]:
         "clause": test.clause,
         "step": test.step,
         "clauses": dict(sorted(test.clauses.items())),
+        **({"fix": test.fix} if test.fix else {}),
     }
 
 
@@ -241,7 +242,8 @@ def from_document(document: dict[str, Any]) -> Run:
                     nodeid=t["nodeid"], contracts=list(t["contracts"]), verdict=Verdict(t["verdict"]),
                     duration=t["duration_ms"] / 1000, message=t["message"], details=t["details"],
                     rerun=t["rerun"], expectation=t["expectation"], cause=t.get("cause", ""),
-                    clause=t.get("clause", ""), step=t.get("step", ""), clauses=dict(t.get("clauses", {})))
+                    clause=t.get("clause", ""), step=t.get("step", ""), clauses=dict(t.get("clauses", {})),
+                    fix=t.get("fix", ""))
             verdict = Verdict(t["verdict"])
             test.verdicts[entry["id"]] = verdict
             test.messages[entry["id"]] = t["message"]

@@ -61,7 +61,8 @@ def _testcase(suite: ET.Element, area: str, test: dict[str, Any],
     contract = (f"{charged['id']}: {charged['statement']}\nSource: {charged['source']}"
                 if charged and verdict in FAILING else "")
     cells, failing = _matrix_row(operator) if operator else ("", "")
-    body = "\n\n".join(part for part in (test["message"], failing, contract, test["details"]) if part)
+    fix = f"Known fix: {test['fix']}" if test.get("fix") and verdict in FAILING else ""
+    body = "\n\n".join(part for part in (test["message"], fix, failing, contract, test["details"]) if part)
     if verdict == "fail":
         _element(case, "failure", body, message=message, type=verdict)
     elif verdict in ERRORS:

@@ -16,8 +16,8 @@ import html
 import re
 from typing import Any
 
-from .text import (FAILING, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, narrowed_by, one_line,
-                   optional_claimed, printable, provenance_rows, satisfied_percent, source_links, title, truncate,
+from .text import (FAILING, VERDICT_ORDER, cell_problems, failing_cells, failing_contracts, known_fixes, narrowed_by,
+                   one_line, optional_claimed, printable, provenance_rows, satisfied_percent, source_links, title, truncate,
                    unsatisfied_of_level)
 
 BUDGET = 60_000  # characters: under GitHub's comment limit, with room for a header
@@ -158,6 +158,8 @@ def _failure(contract: dict[str, Any], detail_limit: int, torch_version: str | N
         # With per-test details the message is shortened like them; without,
         # it is all the evidence shown, so it keeps more.
         lines += [fenced(truncate(contract["message"], detail_limit or 400)), ""]
+    for fix in known_fixes(contract):
+        lines += [f"Known fix: {escape(fix, 600, inline=True)}", ""]
     if contract["rerun"]:
         lines += ["Rerun this contract:", "", fenced(contract["rerun"], "sh"), ""]
     if detail_limit:

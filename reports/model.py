@@ -87,6 +87,9 @@ class TestResult:
     # What the test found about each clause it checked (ID.k -> DECIDED, "n/a: <why>" or
     # "undecided: <why>"; format 5): see ContractResult.clause_status.
     clauses: dict[str, str] = field(default_factory=dict)
+    # A known fix for the failure's symptom (the registry's known_fix): what to
+    # change, and where the kit's vendor guide explains it (format 5, optional).
+    fix: str = ""
 
     def verdict_for(self, contract: str) -> Verdict:
         return self.verdicts.get(contract, self.verdict)

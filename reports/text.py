@@ -155,6 +155,13 @@ def provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def known_fixes(contract: dict[str, Any]) -> list[str]:
+    """The known fixes (format 5's optional `fix`) of the symptoms a
+    contract's failing tests show in a report document, once each."""
+    return list(dict.fromkeys(test["fix"] for test in contract["tests"]
+                              if test.get("fix") and (test["verdict"] in FAILING or test["verdict"] == "xfail")))
+
+
 # Paths in a contract's `source` that name a file of PyTorch's repository
 # (docs pages, headers, sources); an installed header may be cited from
 # torch/include.

@@ -28,6 +28,7 @@ class SuiteRun:
     stdout: str
     stderr: str
     report: dict | None
+    report_dir: str = ""   # where the run wrote its reports
 
     def verdicts(self) -> dict[str, str]:
         """Contract ID -> verdict."""
@@ -52,7 +53,7 @@ def run_pytest(args: list[str], cwd: Path, env: dict | None = None, timeout: flo
     )
     report_file = report_dir / "report.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else None
-    return SuiteRun(proc.returncode, proc.stdout, proc.stderr, report)
+    return SuiteRun(proc.returncode, proc.stdout, proc.stderr, report, str(report_dir))
 
 
 def run_suite(backend: str, cwd: Path, *args: str, env: dict | None = None, timeout: float = 900) -> SuiteRun:

@@ -7,6 +7,8 @@ suite runs through the real plugin against OpenReg."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kit_support import DECIDE_ALL, run_pytest
@@ -87,6 +89,19 @@ def test_cause_two():
 @pytest.mark.contract("DM-MXCHG-002")
 def test_check_of_an_undeclared_contract():
     check("EV-REC-001.1", False, "not this test's contract")
+
+@pytest.mark.contract("TP-NEGCONJ-001")
+def test_known_symptom():
+    with scope("TP-NEGCONJ-001", "materializing a conjugate view with .cpu()"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+@pytest.mark.contract("OP-SDPA-002")
+def test_known_clause():
+    check("OP-SDPA-002.1", False, "the device's choice is not OVERRIDEABLE")
+
+@pytest.mark.contract("TP-SHALLOW-001")
+def test_unknown_symptom():
+    check("TP-SHALLOW-001.2", False, "the storage is not shared")
 '''
 
 
@@ -200,3 +215,21 @@ def test_test_id_selects_suite_tests_by_canonical_id(tmp_path):
     for contract in run.report["contracts"]:
         for test in contract["tests"]:
             assert f"--test={test['nodeid']}" in test["rerun"] and "/" not in test["rerun"].split("--test=")[1], test
+
+
+def test_a_known_symptom_links_its_fix_in_every_report(attribution_run):
+    """A failure whose symptom the registry knows carries the fix and the
+    vendor guide's section, in report.json, report.md, report.html and JUnit;
+    a failure of the same area whose symptom is unknown carries none."""
+    run = attribution_run
+    crash = _test(run, "TP-NEGCONJ-001", "test_known_symptom")
+    assert crash["verdict"] == "crash" and "materializing a conjugate view" in crash["step"]
+    assert "_copy_from" in crash["fix"] and "vendor-guide.md#registrations-" in crash["fix"], crash
+    clause = _test(run, "OP-SDPA-002", "test_known_clause")
+    assert "_fused_sdp_choice_stub" in clause["fix"], clause
+    assert "fix" not in _test(run, "TP-SHALLOW-001", "test_unknown_symptom")
+    folder = Path(run.report_dir)
+    for name in ("report.md", "report.html", "report.junit.xml"):
+        text = (folder / name).read_text().replace("\\_", "_")  # (Markdown escapes underscores)
+        assert "Known fix: register _copy_from" in text, name
+        assert text.count("Known fix:") == 2 if name != "report.html" else text.count("Known fix:") >= 2, name

@@ -102,6 +102,16 @@ def test_faulty_backend_crash_and_hang_cost_only_their_contracts(faulty_run, reg
     [fresh] = [t for t in faulty_run.contract("DM-COUNT-003")["tests"]
                if t["nodeid"].endswith("test_import_and_queries_create_no_context_in_a_new_interpreter")]
     assert fresh["verdict"] == "inconclusive" and "HK-CTX-001" in fresh["message"], fresh
+    # ER-MSG-001 judges how a rejection is worded, not whether a function
+    # exists: an entry that fails alike for device 0 (no statistics in the
+    # allocator, no device synchronization) is n/a there; one that rejects the
+    # bad index with its own error (torch.Stream: no streams for device 0, "out
+    # of range" for 102) is judged, and its message lacks the range.
+    bad_input = {t["nodeid"].split("[", 1)[1].rstrip("]"): t for t in faulty_run.contract("ER-MSG-001")["tests"]}
+    for entry in ("torch.accelerator.get_memory_info", "torch.accelerator.synchronize"):
+        assert bad_input[entry]["verdict"] == "inconclusive", bad_input[entry]
+        assert bad_input[entry]["message"].startswith(f"{entry} raises for device 0 as it does for 2"), bad_input[entry]
+    assert bad_input["torch.Stream(device=...)"]["verdict"] == "fail", bad_input["torch.Stream(device=...)"]
     # Every other contract still got a real verdict, and some pass.
     assert "no-test" not in verdicts.values()
     for contract_id in ("DM-NAME-001", "DM-COUNT-001", "HK-REG-001", "GD-DEV-001"):

@@ -294,6 +294,49 @@ def test_crash_output_tail_keeps_the_fatal_error_line_of_a_long_dump(tmp_path):
     assert len(tail) < isolation.OUTPUT_TAIL + 200
 
 
+def test_crash_dump_folds_the_machinery_frames():
+    """A crash dump keeps the test's and the backend's frames; the runs of
+    pytest's, pluggy's and the kit harness's frames become one line each."""
+    import _pytest
+    import pluggy
+
+    from privateuse1_conformance.harness import isolation
+
+    pytest_dir, pluggy_dir = os.path.dirname(_pytest.__file__), os.path.dirname(pluggy.__file__)
+    harness_dir = os.path.dirname(isolation.__file__)
+    dump = ("Current thread 0x00007f0000000001 (most recent call first):\n"
+            '  File "/opt/backend/xpu/__init__.py", line 7 in set_device\n'
+            '  File "/kit/conformance/test_device_management.py", line 12 in test_set\n'
+            f'  File "{pytest_dir}/python.py", line 187 in pytest_pyfunc_call\n'
+            f'  File "{pluggy_dir}/_callers.py", line 103 in _multicall\n'
+            f'  File "{harness_dir}/isolation.py", line 65 in _run_child\n'
+            '  File "<frozen runpy>", line 88 in _run_code\n\n'
+            "Extension modules: [list omitted]\n")
+    quiet = isolation.quiet_frames(dump)
+    assert "set_device" in quiet and "test_set" in quiet
+    assert "pytest_pyfunc_call" not in quiet and "_run_child" not in quiet and "_run_code" not in quiet
+    assert quiet.count("[4 frames of pytest and the kit's harness]") == 1
+    assert quiet.endswith("Extension modules: [list omitted]\n")
+
+
+def test_a_long_report_cut_to_fit_keeps_the_backends_frames_and_errors():
+    """Details over the limit keep their first lines, the backend's frames
+    (with their source lines), the error lines and the end, and say what was cut."""
+    from privateuse1_conformance.harness import results
+
+    lines = ["first line: what failed"] + [f'  File "<site-packages>/torch/x.py", line {i} in f' for i in range(600)]
+    lines[300] = "<xpu>/xpu/__init__.py:55: in set_device"
+    lines[301] = "    _C._set_device(index)"
+    lines[400] = "E   RuntimeError: invalid device ordinal"
+    cut = results._trim("\n".join(lines))
+    assert len(cut) <= results.MESSAGE_LIMIT
+    assert cut.startswith("first line: what failed\n")
+    kept = cut.splitlines()
+    for line in (lines[300], lines[301], lines[400], lines[-1]):
+        assert line in kept
+    assert any(line.startswith("[... ") and line.endswith(" lines cut ...]") for line in kept)
+
+
 def test_guard_contracts_with_more_devices_than_the_cases_loop_over(tmp_path):
     """The C++ guard cases loop over at most 4 devices but single the last
     one out: with 6 devices they must still track it (a suite bug once

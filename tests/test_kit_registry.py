@@ -121,6 +121,31 @@ def test_level_requirements_name_optional_features(tmp_path):
             registry_mod.load(broken)
 
 
+def test_known_fixes_point_into_the_vendor_guide_and_are_checked(tmp_path):
+    """Every known fix names a section of docs/vendor-guide.md that exists
+    and a clause of its own contract; a malformed one is refused."""
+    import re
+
+    registry = registry_mod.load(registry_mod.default_path())
+    guide = (REPO / "docs" / "vendor-guide.md").read_text()
+    sections = {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+                for title in re.findall(r"^#+ (.+)$", guide, re.MULTILINE)}
+    fixes = [(c, f) for c in registry.active() for f in c.known_fixes]
+    assert len(fixes) >= 8
+    for contract, fix in fixes:
+        page, _, section = fix.guide.partition("#")
+        assert page == "vendor-guide.md" and section in sections, (contract.id, fix.guide)
+        assert not fix.clause or fix.clause in contract.clause_ids()
+    text = registry_mod.default_path().read_text()
+    original = 'clause = "OP-SDPA-002.1"'
+    for bad, why in (('clause = "OP-SDPA-002.9"', "not one of this contract's"),
+                     ('symptom = "(unclosed"', "not a regular expression")):
+        broken = tmp_path / "contracts.toml"
+        broken.write_text(text.replace(original, bad, 1))
+        with pytest.raises(registry_mod.RegistryError, match=why):
+            registry_mod.load(broken)
+
+
 def test_the_suite_index_that_verify_requires_names_every_test_function():
     """verify requires every test function of the level from the kit's own
     sources (harness/coverage.py suite_tests): each is found with the
