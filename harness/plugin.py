@@ -195,6 +195,27 @@ def _warm_imports() -> bool:
     return True
 
 
+def share_cores(workers: int | None) -> str | None:
+    """In a parallel run, give each worker's tests their share of the cores
+    for torch's intra-op threads (at least one): two workers that each run
+    two threads on two cores only take turns on them, and every test runs
+    slower beside a neighbour. Set as OMP_NUM_THREADS in the controller's
+    environment, which the workers inherit and read when they import torch
+    (torch.set_num_threads in a worker would create a thread pool that its
+    forked tests cannot use: PyTorch aborts when their autograd threads set
+    their own count). The backend sees it (torch.get_num_threads()); nothing
+    is changed with one worker or when OMP_NUM_THREADS is already set.
+    Returns the value set, or None."""
+    if not isinstance(workers, int) or workers < 2 or os.environ.get(THREADS_ENV):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ[THREADS_ENV] = str(max(1, cores // workers))
+    return os.environ[THREADS_ENV]
+
+
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
 # The one parameter of the operators area's test when the run cannot select
 # the area (ConformanceSession.operator_keys).
 NOT_SELECTED = "(not selected)"
@@ -294,6 +315,8 @@ class ConformanceSession:
         self._turns_folder: str | None = None
         folder = getattr(config, "workerinput", {}).get(turns_mod.WORKER_INPUT)
         self.turns = turns_mod.Turns(folder) if folder else None
+        if self._is_controller():  # before its workers start (pytest_sessionstart)
+            share_cores(getattr(config.option, "numprocesses", None))
         self.covered: set[str] = set()
         # The run's selection (provenance.selection): what narrowed it, and
         # the tests it selected (before a --shard split).
@@ -613,6 +636,8 @@ class ConformanceSession:
         if hasattr(config, "workerinput"):
             # Parallel run: the longest tests first, so that no worker is
             # left with one of them at the end while the others idle.
+            # (Measured: the tests that run alone moved first made the run
+            # 22% slower, moved last changed nothing beyond noise.)
             selected.sort(key=lambda item: not _long(item))
         items[:] = selected
         self._ours = {self.test_id(item.nodeid) for item in selected}
