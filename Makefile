@@ -2,16 +2,30 @@
 # idempotent: on a fresh machine it installs what is missing, afterwards it
 # only rebuilds what changed.
 SHELL := /bin/bash
+# The torch to build and test against. The project's own environment is
+# 2.13.0's CPU wheel (the fastest to install here); any other supported
+# release (TORCH=2.14.1, TORCH=2.15.0: a CUDA build from PyPI, about 5 GB,
+# that runs on the CPU) gets an environment and build folders of its own,
+# so every target works on it: `make conformance TORCH=2.15.0`.
+TORCH ?= 2.13.0
+DEFAULT_TORCH := 2.13.0
+ifeq ($(TORCH),$(DEFAULT_TORCH))
 VENV ?= .venv
+BUILD_ROOT := build
+REPORT_DIR ?= conformance-report
+else
+VENV ?= .venv-torch-$(TORCH)
+BUILD_ROOT := build/torch-$(TORCH)
+REPORT_DIR ?= conformance-report-torch-$(TORCH)
+endif
 PYTHON := $(VENV)/bin/python
 # OpenReg's CMake build (with the runtime's GoogleTest suite) and the
 # development build (test fixtures, C++ benchmarks; the top-level CMakeLists.txt).
-OPENREG_BUILD_DIR := build/openreg
-DEV_BUILD_DIR := build/dev
-REPORT_DIR ?= conformance-report
-# Pinned tools of the project's own environment (torch must stay pinned: an
-# unpinned torch pulls a multi-GB CUDA build).
-PIP_PACKAGES := torch==2.13.0 "scikit-build-core>=0.11" ninja
+OPENREG_BUILD_DIR := $(BUILD_ROOT)/openreg
+DEV_BUILD_DIR := $(BUILD_ROOT)/dev
+# Pinned tools of the environment (torch must stay pinned: an unpinned torch
+# pulls a multi-GB CUDA build).
+PIP_PACKAGES := torch==$(TORCH) "scikit-build-core>=0.11" ninja
 # Compiled Python (and pytest's assertion-rewritten test modules) is cached in
 # build/pycache, outside the sources, even where the environment asks Python
 # not to write bytecode: `make test` starts the suite hundreds of times, and
@@ -22,7 +36,7 @@ export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 # the checkout, so a fresh clone anywhere reuses what an earlier one compiled.
 export CCACHE_BASEDIR := $(CURDIR)
 
-.PHONY: conformance test test-process mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
+.PHONY: conformance test test-process test-newest-torch fixture-build fixture-build-locked fixture-conformance torch-matrix mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -43,13 +57,44 @@ test-process: build
 
 ## All of the project's tests: the runtime's GoogleTest suite (plain, under
 ## ASan+UBSan and under TSan), a short fuzzing run of the runtime, pytest
-## (with a sample of the mutation run: one mutant per contract area), and
-## OpenReg's backend tests and the conformance suite in process mode.
+## (with a sample of the mutation run: one mutant per contract area),
+## OpenReg's backend tests and the conformance suite in process mode, and
+## the kit on the newest supported torch.
 test: build
 	ctest --test-dir $(OPENREG_BUILD_DIR) --output-on-failure
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
 	$(PYTHON) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -q -rs -m "not mutation"
 	$(MAKE) --no-print-directory test-process
+	$(MAKE) --no-print-directory test-newest-torch
+
+## The suite against the independent conforming fixture pu1_sync, built
+## against $(TORCH) (the kit and the fixture only: no OpenReg), at
+## FIXTURE_LEVEL (default: the level its manifest claims); the report lands
+## in $(BUILD_ROOT)/pu1_sync-report. It must reach that level.
+FIXTURE_LEVEL ?=
+FIXTURE_REPORT_DIR := $(BUILD_ROOT)/pu1_sync-report
+fixture-conformance: fixture-build
+	PYTHONPATH=$(abspath $(DEV_BUILD_DIR))/fixtures $(VENV)/bin/privateuse1-conformance run --backend pu1_sync \
+	  --manifest tests/fixtures/pu1_sync/manifest.toml $(if $(FIXTURE_LEVEL),--level $(FIXTURE_LEVEL)) \
+	  --report-dir $(FIXTURE_REPORT_DIR)
+
+## The kit on the newest torch it supports: pu1_sync at core level, so that a
+## torch release that breaks the kit fails `make test` (the environment, a
+## CUDA build of torch from PyPI, is made once: about 5 GB).
+NEWEST_TORCH := 2.15.0
+test-newest-torch:
+	$(MAKE) --no-print-directory fixture-conformance TORCH=$(NEWEST_TORCH) FIXTURE_LEVEL=core
+
+## Every supported torch: OpenReg (the main job) and pu1_sync, each at the
+## level it claims, in an environment per torch; the table of their reports
+## goes to docs/torch-matrix.md.
+TORCH_MATRIX := 2.13.0 2.14.1 2.15.0
+torch-matrix:
+	@set -e; for t in $(TORCH_MATRIX); do \
+	  $(MAKE) --no-print-directory conformance fixture-conformance TORCH=$$t; done
+	$(PYTHON) benchmarks/torch_matrix.py $(foreach t,$(TORCH_MATRIX),\
+	  $(t)=openreg=$(if $(filter $(t),$(DEFAULT_TORCH)),conformance-report,conformance-report-torch-$(t)) \
+	  $(t)=pu1_sync=$(if $(filter $(t),$(DEFAULT_TORCH)),build,build/torch-$(t))/pu1_sync-report) > docs/torch-matrix.md
 
 ## The whole mutation run, recorded: every mutant in both configurations (with
 ## OpenReg's instrumentation and without), written to the kill matrix the
@@ -114,6 +159,19 @@ build-locked:
 	cmake --build $(DEV_BUILD_DIR)
 	$(PYTHON) -m privateuse1_conformance.conformance._probe >/dev/null
 
+# The kit and the pu1_sync fixture alone (no OpenReg): what a run of the kit
+# on another torch needs.
+fixture-build: setup
+	mkdir -p build
+	flock build/.lock $(MAKE) --no-print-directory fixture-build-locked
+
+fixture-build-locked:
+	$(PYTHON) -m pip install --quiet --no-build-isolation --editable .
+	cmake -S . -B $(DEV_BUILD_DIR) -G Ninja -Wno-dev -DPython_EXECUTABLE=$(abspath $(PYTHON)) \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja >/dev/null
+	cmake --build $(DEV_BUILD_DIR) --target pu1_sync_C
+	$(PYTHON) -m privateuse1_conformance.conformance._probe >/dev/null
+
 ## The documentation site (docs/ with mkdocs) into build/docs-site; fails on a
 ## broken link or anchor. Needs neither torch nor the C++ build.
 docs: $(VENV)/.pip-stamp
@@ -124,6 +182,11 @@ setup: system-packages $(VENV)/.pip-stamp
 
 $(VENV)/.pip-stamp: pyproject.toml Makefile
 	test -x $(PYTHON) || python3 -m venv $(VENV)
+ifneq ($(TORCH),$(DEFAULT_TORCH))
+	@# Where the machine's pip configuration caps torch (a constraints file),
+	@# this environment's own configuration lifts the cap for itself.
+	printf '[global]\nconstraint =\n' > $(VENV)/pip.conf
+endif
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet $(PIP_PACKAGES)
 	touch $@

@@ -124,3 +124,18 @@ def test_the_kit_runs_another_backend_with_autoload_off(tmp_path):
     assert forced.returncode != 0 and not (tmp_path / "on" / "report" / "report.json").exists(), text[-3000:]
     assert "already claimed by 'openreg'" in text, text[-3000:]
     assert "openreg = openreg_autoload:load" in text and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in text, text[-3000:]
+
+
+def test_openreg_refuses_a_torch_it_was_not_built_against():
+    """C++ compiled against one torch release must not run inside another:
+    `import openreg` fails, saying which torch it was built against and how
+    to rebuild."""
+    import torch
+
+    result = fresh("import torch\ntorch.__version__ = '2.99.1+cu999'\nimport openreg", autoload="0")
+    built = torch.__version__.split("+")[0]
+    assert result.returncode != 0
+    assert (f"OpenReg was built against torch {built}, this is torch 2.99.1+cu999: rebuild it in this "
+            "environment with `pip install --no-build-isolation ./reference_backend`") in result.stderr
+    ok = fresh("import torch, openreg\nprint(openreg._C._built_with_torch)", autoload="0")
+    assert ok.returncode == 0 and ok.stdout.split() == [built], ok.stderr[-2000:]

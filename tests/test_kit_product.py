@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from kit_support import FIXTURE_DIR, PU1_SYNC_MANIFEST, REPO, run_pytest
 from privateuse1_conformance.conformance import _probe
@@ -157,13 +158,39 @@ def test_supported_torch_range():
     import torch
 
     assert versions.torch_problem(torch.__version__) is None
-    for outside in ("2.12.1", "2.14.0", "3.0.0+cpu", "2.14.0a0+git1234"):
+    for outside in ("2.12.1", "2.16.0", "3.0.0+cpu", "2.16.0a0+git1234"):
         problem = versions.torch_problem(outside)
         assert problem is not None and outside in problem
         assert str(versions.SUPPORTED_TORCH) in problem and "--allow-untested-torch" in problem
-    assert versions.torch_problem("2.13.1+cu128") is None
+    for inside in ("2.13.1+cu128", "2.14.1+cu130", "2.15.0+cu132", "2.15.0a0+git1234"):
+        assert versions.torch_problem(inside) is None
     with pytest.raises(ValueError, match="not a torch version"):
         versions.release("banana")
+
+
+def test_the_supported_range_is_the_one_tested_declared_and_documented():
+    """Every tested release is in the range; the kit's and OpenReg's package
+    metadata declare the same range; the Makefile's matrix runs the tested
+    releases, and docs/torch-matrix.md shows each with both backends at the
+    level they claim, in reports that verified."""
+    import tomllib
+
+    assert all(versions.release(t) in versions.SUPPORTED_TORCH for t in versions.TESTED_TORCH)
+    for project in (REPO / "pyproject.toml", REPO / "reference_backend" / "pyproject.toml"):
+        declared = [d for d in tomllib.loads(project.read_text())["project"]["dependencies"]
+                    if d.startswith("torch")]
+        assert declared and SpecifierSet(declared[0][len("torch"):]) == versions.SUPPORTED_TORCH, (project, declared)
+    makefile = (REPO / "Makefile").read_text()
+    assert f"TORCH_MATRIX := {' '.join(versions.TESTED_TORCH)}\n" in makefile
+    assert f"NEWEST_TORCH := {versions.TESTED_TORCH[-1]}\n" in makefile
+    rows = [line.split(" | ") for line in (REPO / "docs" / "torch-matrix.md").read_text().splitlines()
+            if line.startswith("| 2.")]
+    for release in versions.TESTED_TORCH:
+        for backend in ("openreg", "pu1_sync"):
+            row = [r for r in rows if str(versions.release(r[0].lstrip("| "))) == release and r[1] == backend]
+            assert len(row) == 1, (release, backend, rows)
+            claims, reached, verified = row[0][2], row[0][3], row[0][-1]
+            assert reached == claims and verified.startswith("yes"), row
 
 
 RANGE_PLUGIN = '''

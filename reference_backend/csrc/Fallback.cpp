@@ -1327,6 +1327,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("linalg_qr", fallback());
   m.impl("linalg_lstsq", fallback());
   m.impl("native_layer_norm", fallback());
+  // native_group_norm's composite kernel views its input, which raises for
+  // a column-major one in torch 2.14 (the CPU kernel takes any layout).
+  m.impl("native_group_norm", fallback());
   // In place on the CPU alias of the device memory, rather than the
   // composite's out-of-place computation and copy back.
   m.impl("addcmul_", fallback());

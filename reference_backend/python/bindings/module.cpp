@@ -13,6 +13,8 @@
 
 #include "inductor.h"
 
+#include <torch/headeronly/version.h>
+
 #include <ATen/Context.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
@@ -137,6 +139,10 @@ int64_t& next_gate_id() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "OpenReg backend bindings (private; use torch.openreg)";
+  // The torch release these bindings were compiled against: C++ built for
+  // one release must not run inside another (the ABI moves between them).
+  m.attr("_built_with_torch") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
+                                "." + std::to_string(TORCH_VERSION_PATCH);
 
   m.def("_init", &lazy_init);
   m.def("_is_in_bad_fork", [] { return torch::utils::is_device_in_bad_fork(at::kPrivateUse1); });

@@ -19,6 +19,7 @@ this module is first imported:
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import traceback
@@ -40,7 +41,23 @@ def _check_privateuse1_is_free() -> None:
 
 _check_privateuse1_is_free()
 
-from . import _C  # noqa: E402 - loading it registers the backend with PyTorch
+
+def _load_compiled() -> Any:
+    """Load the compiled backend, built against this very torch release."""
+    running = re.match(r"\d+\.\d+\.\d+", torch.__version__).group()  # '2.14.0a0+git1234' -> '2.14.0'
+    try:
+        from . import _C  # loading it registers the backend with PyTorch
+    except ImportError as e:
+        raise ImportError(f"OpenReg's compiled library does not load with torch {torch.__version__} (it was probably "
+                          f"built against another torch): rebuild it in this environment with `pip install "
+                          f"--no-build-isolation ./reference_backend` ({e})") from e
+    if _C._built_with_torch != running:
+        raise ImportError(f"OpenReg was built against torch {_C._built_with_torch}, this is torch {torch.__version__}: "
+                          f"rebuild it in this environment with `pip install --no-build-isolation ./reference_backend`")
+    return _C
+
+
+_C = _load_compiled()
 from . import _mutants  # noqa: E402
 
 _mutants.check(_C._known_mutants())  # an unknown OPENREG_MUTANT is an error, not a no-op
