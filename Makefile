@@ -73,8 +73,15 @@ test: build
 ## in $(BUILD_ROOT)/pu1_sync-report. It must reach that level.
 FIXTURE_LEVEL ?=
 FIXTURE_REPORT_DIR := $(BUILD_ROOT)/pu1_sync-report
+FIXTURE_SITE := $(BUILD_ROOT)/pu1_sync-site
 fixture-conformance: fixture-build
-	PYTHONPATH=$(abspath $(DEV_BUILD_DIR))/fixtures $(VENV)/bin/privateuse1-conformance run --backend pu1_sync \
+	@# pu1_sync as an installed, versioned distribution, as a vendor's backend
+	@# is: the report of a backend without a version does not verify.
+	mkdir -p $(FIXTURE_SITE)/pu1_sync-0.1.0.dist-info
+	printf 'Metadata-Version: 2.1\nName: pu1-sync\nVersion: 0.1.0\n' > $(FIXTURE_SITE)/pu1_sync-0.1.0.dist-info/METADATA
+	echo pu1_sync > $(FIXTURE_SITE)/pu1_sync-0.1.0.dist-info/top_level.txt
+	PYTHONPATH=$(abspath $(DEV_BUILD_DIR))/fixtures:$(abspath $(FIXTURE_SITE)) \
+	  $(VENV)/bin/privateuse1-conformance run --backend pu1_sync \
 	  --manifest tests/fixtures/pu1_sync/manifest.toml $(if $(FIXTURE_LEVEL),--level $(FIXTURE_LEVEL)) \
 	  --report-dir $(FIXTURE_REPORT_DIR)
 

@@ -36,7 +36,7 @@ def row(torch_release: str, backend: str, folder: Path) -> str:
             f"{summary['level_reached'] or 'none'} | {summary['claimed_satisfied']}/{summary['claimed_contracts']} | "
             f"{tests} | {provenance['workers']} | {_minutes(provenance['duration_ms'])} | "
             f"{provenance['started'][:10]} | `{report['digest']['value'][:16]}` | "
-            f"{'yes' if verified.returncode == 0 else 'NO: ' + (verified.stdout + verified.stderr).strip()[:200]} |")
+            f"{'yes' if verified.returncode == 0 else 'NO: ' + ' '.join((verified.stdout + verified.stderr).split())[:300]} |")
 
 
 def main(argv: list[str]) -> int:
@@ -52,10 +52,12 @@ def main(argv: list[str]) -> int:
     print("| torch | backend | claims | reached | claimed contracts satisfied | tests | workers | "
           "duration | date | report digest | verified |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for spec in argv:
-        torch_release, backend, folder = spec.split("=", 2)
-        print(row(torch_release, backend, Path(folder)))
-    return 0
+    rows = [row(*spec.split("=", 2)[:2], Path(spec.split("=", 2)[2])) for spec in argv]
+    print("\n".join(rows))
+    unverified = [r for r in rows if r.endswith(" |") and "| NO: " in r]
+    for r in unverified:
+        print(f"not verified: {r}", file=sys.stderr)
+    return 1 if unverified else 0
 
 
 if __name__ == "__main__":
