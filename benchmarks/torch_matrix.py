@@ -23,7 +23,8 @@ def _minutes(ms: int) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s"
 
 
-def row(torch_release: str, backend: str, folder: Path) -> str:
+def row(torch_release: str, backend: str, folder: Path) -> tuple[str, bool]:
+    """The table's row for the report in `folder`, and whether it verified."""
     path = folder / "report.json"
     report = json.loads(path.read_text())
     verified = subprocess.run([sys.executable, "-m", "privateuse1_conformance.harness.cli", "verify", str(path)],
@@ -36,7 +37,8 @@ def row(torch_release: str, backend: str, folder: Path) -> str:
             f"{summary['level_reached'] or 'none'} | {summary['claimed_satisfied']}/{summary['claimed_contracts']} | "
             f"{tests} | {provenance['workers']} | {_minutes(provenance['duration_ms'])} | "
             f"{provenance['started'][:10]} | `{report['digest']['value'][:16]}` | "
-            f"{'yes' if verified.returncode == 0 else 'NO: ' + ' '.join((verified.stdout + verified.stderr).split())[:300]} |")
+            f"{'yes' if verified.returncode == 0 else 'NO: ' + ' '.join((verified.stdout + verified.stderr).split())[:300]} |",
+            verified.returncode == 0)
 
 
 def main(argv: list[str]) -> int:
@@ -52,11 +54,14 @@ def main(argv: list[str]) -> int:
     print("| torch | backend | claims | reached | claimed contracts satisfied | tests | workers | "
           "duration | date | report digest | verified |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = [row(*spec.split("=", 2)[:2], Path(spec.split("=", 2)[2])) for spec in argv]
-    print("\n".join(rows))
-    unverified = [r for r in rows if r.endswith(" |") and "| NO: " in r]
-    for r in unverified:
-        print(f"not verified: {r}", file=sys.stderr)
+    unverified = 0
+    for spec in argv:
+        torch_release, backend, folder = spec.split("=", 2)
+        text, ok = row(torch_release, backend, Path(folder))
+        print(text)
+        if not ok:
+            print(f"not verified: {folder}/report.json", file=sys.stderr)
+            unverified += 1
     return 1 if unverified else 0
 
 
