@@ -7,6 +7,10 @@ claim them gets not-claimed, without blocking its level.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 import warnings
 
 import pytest
@@ -246,6 +250,86 @@ def test_device_interface_agrees_with_the_module(dt, mod, n, backend):
     else:
         unobserved(backend, "DI-IFACE-001.4", f"DeviceInterface.synchronize({last}) behind work in flight")
     check("DI-IFACE-001.4", mod.current_device() == 0, "DeviceInterface.synchronize changed the current device")
+
+
+# What a user's first torch.compile sees: torch, then the backend, then
+# Inductor's compiler (which imports torch._inductor.utils and so makes its
+# one scan of the registered interfaces for GPU-class devices).
+_GPU_CLASS_IN_A_NEW_INTERPRETER = """
+import importlib, json, sys
+import torch
+importlib.import_module(sys.argv[1])
+name = torch._C._get_privateuse1_backend_name()
+import torch._inductor.compile_fx
+import torch._inductor.utils
+from torch._dynamo.device_interface import get_interface_for_device
+print("ANSWER " + json.dumps({"is_gpu": repr(get_interface_for_device(name).is_gpu()),
+                              "inductor": torch._inductor.utils.is_gpu(name),
+                              "gpu_types": list(torch._inductor.utils.GPU_TYPES)}))
+"""
+
+
+@contract("DI-IFACE-002")
+def test_device_interface_answers_device_class_questions(dt, mod, n, unclaimed, backend):
+    # decides DI-IFACE-002.1
+    with scope("DI-IFACE-002.1"), tempfile.TemporaryDirectory() as folder:
+        # (in an empty folder: the working directory may hold the backend's sources)
+        fresh = subprocess.run([sys.executable, "-c", _GPU_CLASS_IN_A_NEW_INTERPRETER, backend.module_name],
+                               capture_output=True, text=True, cwd=folder)
+    lines = [line for line in fresh.stdout.splitlines() if line.startswith("ANSWER ")]
+    check("DI-IFACE-002.1", fresh.returncode == 0 and lines,
+          lambda: f"in a new interpreter, importing torch, the backend and Inductor's compiler and asking the "
+                  f"DeviceInterface's is_gpu() failed (exit status {fresh.returncode}): {fresh.stderr[-1500:]}")
+    answer = json.loads(lines[-1][len("ANSWER "):])
+    check("DI-IFACE-002.1", answer["is_gpu"] in ("True", "False") and (answer["is_gpu"] == "True") ==
+          answer["inductor"],
+          f"in a new interpreter (import torch, the backend, then Inductor's compiler, as a first torch.compile "
+          f"does), DeviceInterface.is_gpu() is {answer['is_gpu']} but Inductor classifies {dt!r} as "
+          f"{'a' if answer['inductor'] else 'not a'} GPU (GPU_TYPES = {answer['gpu_types']}): Inductor scans the "
+          f"registered interfaces once, when torch._inductor.utils is imported, so register the interface "
+          f"(register_interface_for_device) when the backend is imported, before anything imports Inductor")
+
+    import torch._inductor.utils as inductor_utils
+    from torch._dynamo.device_interface import DeviceInterface
+
+    iface = interface(dt)
+
+    def call(name, *args):
+        try:
+            return getattr(iface, name)(*args)
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"DeviceInterface.{name}{args!r} raised {type(e).__name__}: {e}", pytrace=False)
+
+    # decides DI-IFACE-002.1 (and in this process, whatever imported Inductor first)
+    gpu = call("is_gpu")
+    check("DI-IFACE-002.1", isinstance(gpu, bool), f"DeviceInterface.is_gpu() returned {gpu!r}, not a bool")
+    seen = inductor_utils.is_gpu(dt)
+    check("DI-IFACE-002.1", seen == gpu,
+          f"DeviceInterface.is_gpu() is {gpu}, but Inductor classifies {dt!r} as {'a' if seen else 'not a'} GPU "
+          f"(torch._inductor.utils.GPU_TYPES = {inductor_utils.GPU_TYPES}): register the interface when the "
+          f"backend is imported, and answer is_gpu() the same at every call")
+
+    # decides DI-IFACE-002.2
+    exposes = call("exposes_streams")
+    if "streams" in unclaimed:
+        check("DI-IFACE-002.2", isinstance(exposes, bool), f"exposes_streams() returned {exposes!r}, not a bool")
+    else:
+        check("DI-IFACE-002.2", exposes is True and iface.Stream is not DeviceInterface.Stream,
+              f"the backend has streams, but its DeviceInterface does not expose them (exposes_streams() is "
+              f"{exposes!r}): set the interface's Stream to the backend's torch.Stream subclass, which is what "
+              f"opts the device into Inductor's stream guards")
+    if exposes:
+        cls = iface.Stream
+        check("DI-IFACE-002.2", isinstance(cls, type) and issubclass(cls, torch.Stream),
+              f"DeviceInterface.Stream is {cls!r}, not a torch.Stream subclass")
+        last = n - 1
+        mod.set_device(last)
+        for args, kwargs, index in (((), {}, last), ((), {"device": 0}, 0), ((), {"device": last}, last)):
+            what = f"DeviceInterface.Stream({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+            stream = must(lambda: cls(*args, **kwargs), f"{what} (exposes_streams() says the class is usable)")
+            check("DI-IFACE-002.2", isinstance(stream, torch.Stream) and stream.device == torch.device(dt, index),
+                  f"with device {last} current, {what} made {stream!r}, not a stream of {dt}:{index}")
+        mod.set_device(0)
 
 
 # decides DI-COMPILE-001.1 DI-COMPILE-001.2

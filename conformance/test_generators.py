@@ -428,6 +428,102 @@ def test_seeding_functions(mod, dt, n, cxx):
     assert initial_seed() == after[last], f"initial_seed() is {initial_seed()}, the generator says {after[last]}"
 
 
+# ----------------------------------------------- torch.accelerator.random
+
+
+def accelerator_random():
+    """torch.accelerator.random (torch 2.14+; RG-ACCEL-001 is retired on older releases)."""
+    import torch.accelerator
+
+    random = getattr(torch.accelerator, "random", None)
+    assert random is not None, "this torch has no torch.accelerator.random"
+    return random
+
+
+def seed_each_device(mod, n: int, base: int) -> None:
+    """Device i seeded with base + i through the module (so that answering for
+    the wrong device shows), then device 0 current."""
+    manual_seed = module_function(mod, "manual_seed")
+    for i in range(n):
+        mod.set_device(i)
+        must(lambda i=i: manual_seed(base + i), f"manual_seed({base + i}) with device {i} current")
+    mod.set_device(0)
+
+
+# decides RG-ACCEL-001.1
+@contract("RG-ACCEL-001")
+def test_accelerator_initial_seed(mod, dt, n, cxx):
+    random = accelerator_random()
+    manual_seed_all = module_function(mod, "manual_seed_all")
+    last = n - 1
+    must(lambda: manual_seed_all(61), "manual_seed_all(61)")
+    for i in sorted({0, last}):
+        mod.set_device(i)
+        seen = must(random.initial_seed, "torch.accelerator.random.initial_seed()")
+        check("RG-ACCEL-001.1", seen == 61,
+              f"with device {i} current, torch.accelerator.random.initial_seed() is {seen} after manual_seed_all(61)")
+    seed_each_device(mod, n, 6100)
+    for current in sorted({0, last}):
+        mod.set_device(current)
+        seen = must(random.initial_seed, "torch.accelerator.random.initial_seed()")
+        check("RG-ACCEL-001.1", seen == 6100 + current,
+              f"with device {current} (seeded {6100 + current}) current, torch.accelerator.random.initial_seed() "
+              f"is {seen}")
+        for i in range(n):
+            for spelling in (i, f"{dt}:{i}", torch.device(dt, i)):
+                seen = must(lambda spelling=spelling: random.initial_seed(spelling),
+                            f"torch.accelerator.random.initial_seed({spelling!r})")
+                check("RG-ACCEL-001.1", seen == 6100 + i == default_generator(cxx, i).initial_seed(),
+                      f"with device {current} current, torch.accelerator.random.initial_seed({spelling!r}) is "
+                      f"{seen}; device {i}'s default generator was seeded "
+                      f"{default_generator(cxx, i).initial_seed()}")
+        check("RG-ACCEL-001.1", mod.current_device() == current,
+              "torch.accelerator.random.initial_seed changed the current device")
+
+
+# decides RG-ACCEL-001.2 RG-ACCEL-001.3
+@contract("RG-ACCEL-001")
+def test_accelerator_rng_state(mod, dt, n):
+    random = accelerator_random()
+    get_state = module_function(mod, "get_rng_state")
+    set_state = module_function(mod, "set_rng_state")
+    last = n - 1
+    seed_each_device(mod, n, 6200)
+    for i in range(n):
+        draw("torch.rand", f"{dt}:{i}")  # states that differ from a fresh seed's, per device
+    for current in sorted({0, last}):
+        mod.set_device(current)
+        state = must(random.get_rng_state, "torch.accelerator.random.get_rng_state()")
+        check_state_tensor(state, "torch.accelerator.random.get_rng_state()")
+        check("RG-ACCEL-001.2", torch.equal(state, get_state(current)),
+              f"with device {current} current, torch.accelerator.random.get_rng_state() differs from the module's "
+              f"get_rng_state({current})")
+        for i in range(n):
+            for spelling in (i, f"{dt}:{i}", torch.device(dt, i)):
+                state = must(lambda spelling=spelling: random.get_rng_state(spelling),
+                             f"torch.accelerator.random.get_rng_state({spelling!r})")
+                check_state_tensor(state, f"torch.accelerator.random.get_rng_state({spelling!r})")
+                check("RG-ACCEL-001.2", torch.equal(state, get_state(i)),
+                      f"with device {current} current, torch.accelerator.random.get_rng_state({spelling!r}) differs "
+                      f"from the module's get_rng_state({i})")
+            state = random.get_rng_state(i)
+            first = draw_all(f"{dt}:{i}")
+            must(lambda: set_state(state, i), f"the module's set_rng_state(state, {i})")
+            wrong = differing(first, draw_all(f"{dt}:{i}"))
+            check("RG-ACCEL-001.2", not wrong,
+                  f"the module's set_rng_state of torch.accelerator.random.get_rng_state({i}) did not repeat device "
+                  f"{i}'s numbers for {wrong}: the state is not the generator device {i}'s operators draw from")
+        check("RG-ACCEL-001.2", mod.current_device() == current,
+              "torch.accelerator.random.get_rng_state changed the current device")
+    states = must(random.get_rng_state_all, "torch.accelerator.random.get_rng_state_all()")
+    check("RG-ACCEL-001.3", len(states) == n,
+          f"torch.accelerator.random.get_rng_state_all() returned {len(states)} states for {n} device(s)")
+    for i, state in enumerate(states):
+        check_state_tensor(state, f"torch.accelerator.random.get_rng_state_all()[{i}]")
+        check("RG-ACCEL-001.3", torch.equal(state, get_state(i)),
+              f"torch.accelerator.random.get_rng_state_all()[{i}] differs from the module's get_rng_state({i})")
+
+
 # -------------------------------------------------------------- offsets
 
 

@@ -218,3 +218,25 @@ def test_compiled_code_reads_host_scalars(dt):
             check(CLAUSE_SCALARS, torch.allclose(got, expected, rtol=1e-5, atol=1e-6),
                   lambda: f"{what}: {name}'s parameters differ from eager's by up to "
                           f"{(got - expected).abs().max().item():.3g}")
+
+
+# decides DI-INDUCTOR-002.1
+@contract("DI-INDUCTOR-002")
+def test_multi_processor_count(dt, n):
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    iface = get_interface_for_device(dt)
+    for device in (None, 0, n - 1, f"{dt}:{n - 1}", torch.device(dt, 0)):
+        count = must(lambda device=device: iface.get_multi_processor_count(device),
+                     f"DeviceInterface.get_multi_processor_count({device!r}) (Inductor reads it for every reduction)")
+        check("DI-INDUCTOR-002.1", isinstance(count, int) and not isinstance(count, bool) and count > 0,
+              f"DeviceInterface.get_multi_processor_count({device!r}) is {count!r}, not a positive int")
+        try:
+            properties = iface.get_device_properties(device)
+        except Exception:  # noqa: BLE001 - no properties to compare with: any positive count passes
+            properties = None
+        expected = getattr(properties, "multi_processor_count", None)
+        if expected is not None:
+            check("DI-INDUCTOR-002.1", count == expected,
+                  f"DeviceInterface.get_multi_processor_count({device!r}) is {count}, the device properties say "
+                  f"multi_processor_count = {expected}")

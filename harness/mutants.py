@@ -23,6 +23,12 @@ Before any mutant, the same tests run once without a mutant and must all
 pass: a check that already fails would otherwise "kill" every mutant.
 The score is killed / total.
 
+A mutant of a contract that needs a newer torch than the one running
+(``min_torch``) cannot be killed here: its contract is retired. It runs in
+another environment's interpreter (``newer_python``, whose torch is new
+enough, with the kit and the backend built there); without one it is an
+error in the matrix, never a silent gap. Each outcome records its torch.
+
 The recorded kill matrix (docs/mutation-kill-matrix.json) names the tree it
 was measured on (tree_digest); docs/mutation-testing.md's table of mutants is
 generated from the registry and that matrix (render_table / splice).
@@ -68,6 +74,7 @@ class Mutant:
     ordering: bool = False          # its bug shows only while work is in flight (run repeatedly by the kit's tests)
     operators: str = ""             # --operators for its run (a mutant of one operator need not run the area's subset)
     needs_instrumentation: str = ""  # why only the instrumentation can kill it ("" : both configurations must)
+    min_torch: str = ""             # the newest min_torch of its contracts ("" : any supported torch)
 
 
 @dataclass
@@ -125,8 +132,12 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
         needs = entry.get("needs_instrumentation", "")
         if not isinstance(needs, str):
             raise MutantRegistryError(f"{where}: needs_instrumentation must be the reason (a string)")
+        from .versions import release
+
+        needed = sorted((contracts.contracts[c].min_torch for c in ids if contracts.contracts[c].min_torch),
+                        key=release)
         mutants[mutant_id] = Mutant(mutant_id, ids, entry["description"], clauses, bool(entry.get("ordering", False)),
-                                    operators, needs)
+                                    operators, needs, needed[-1] if needed else "")
     return MutantRegistry(path, backend, selector, mutants)
 
 
@@ -141,6 +152,7 @@ class Outcome:
     verdicts: dict[str, str] = field(default_factory=dict)  # contract -> verdict
     seconds: float = 0.0
     note: str = ""
+    torch: str = ""             # the torch it ran on
 
 
 def manifest_without_instrumentation(backend: str, folder: Path) -> Path:
@@ -160,10 +172,12 @@ def manifest_without_instrumentation(backend: str, folder: Path) -> Path:
 
 
 def _run_suite(backend: str, env: dict[str, str], contracts: list[str] | None,
-               timeout: float, operators: str = "", manifest: Path | None = None) -> tuple[dict | None, str]:
-    """Run the suite in a fresh process; return (report, output tail)."""
+               timeout: float, operators: str = "", manifest: Path | None = None,
+               python: str | None = None) -> tuple[dict | None, str]:
+    """Run the suite in a fresh process of `python` (default: this one);
+    return (report, output tail)."""
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
-        args = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q",
+        args = [python or sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q",
                 "--pyargs", SUITE, f"--backend={backend}", f"--report-dir={tmp}/report",
                 f"--contract-timeout={timeout}"]
         if manifest is not None:
@@ -232,30 +246,65 @@ def _clause_kills(report: dict, mutant: Mutant, deciding: set[str]) -> tuple[lis
     return sorted(tests), sorted(contracts), sorted(checks)
 
 
-def check_baseline(registry: MutantRegistry, timeout: float, manifest: Path | None = None) -> list[str]:
-    """Problems with the unmutated backend on the mutants' contracts."""
-    contracts = sorted({c for m in registry.mutants.values() for c in m.contracts})
+def check_baseline(registry: MutantRegistry, timeout: float, manifest: Path | None = None,
+                   python: str | None = None, mutants: list[Mutant] | None = None) -> list[str]:
+    """Problems with the unmutated backend on the contracts of `mutants`
+    (default: all), run by `python`."""
+    mutants = list(registry.mutants.values()) if mutants is None else mutants
+    contracts = sorted({c for m in mutants for c in m.contracts})
     # The operators the mutants' runs check (each mutant of the operators area names its own).
-    operators = ",".join(sorted({m.operators for m in registry.mutants.values() if m.operators}))
-    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout, operators, manifest)
+    operators = ",".join(sorted({m.operators for m in mutants if m.operators}))
+    report, tail = _run_suite(registry.backend, {registry.selector_env: ""}, contracts, timeout, operators, manifest,
+                              python)
     if report is None:
         return [f"the baseline run wrote no report:\n{tail}"]
     _, failing = _failures(report)
-    return [f"{c} already fails without a mutant ({v})" for c, v in sorted(failing.items())]
+    where = f" (torch {report_torch(report)})" if python else ""
+    return [f"{c} already fails without a mutant ({v}){where}" for c, v in sorted(failing.items())]
+
+
+def report_torch(report: dict) -> str:
+    """The torch a report's run had."""
+    return str((report.get("provenance") or {}).get("torch_version", ""))
+
+
+def interpreter_torch(python: str) -> str:
+    """The torch version of the interpreter `python` ("" if it has none)."""
+    try:
+        return subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                              text=True, timeout=300, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def running_torch() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def too_new(mutant: Mutant, torch_version: str) -> bool:
+    """Whether `mutant`'s contracts are retired on `torch_version`."""
+    from .versions import release
+
+    return bool(mutant.min_torch) and (not torch_version or release(torch_version) < release(mutant.min_torch))
 
 
 def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float, manifest: Path | None = None,
-               whole_suite: bool = True) -> Outcome:
-    """One mutant's outcome; `whole_suite` False: a mutant not killed on its
-    contracts is "survived" without running the whole suite to look for a
-    failure elsewhere (for a mutant expected to survive there)."""
+               whole_suite: bool = True, python: str | None = None) -> Outcome:
+    """One mutant's outcome, run by `python` (default: this interpreter);
+    `whole_suite` False: a mutant not killed on its contracts is "survived"
+    without running the whole suite to look for a failure elsewhere (for a
+    mutant expected to survive there)."""
     start = time.monotonic()
     env = {registry.selector_env: mutant.id}
     outcome = Outcome(mutant.id, list(mutant.contracts), "error")
-    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout, mutant.operators, manifest)
+    report, tail = _run_suite(registry.backend, env, list(mutant.contracts), timeout, mutant.operators, manifest,
+                              python)
     if report is None:
         outcome.note = f"the run wrote no report:\n{tail}"
     else:
+        outcome.torch = report_torch(report)
         tests, failing = _failures(report)
         outcome.verdicts = {c["id"]: c["verdict"] for c in report["contracts"] if c["id"] in mutant.contracts}
         on_target = sorted(set(failing) & set(mutant.contracts))
@@ -270,7 +319,7 @@ def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float, manifes
             outcome.status = "survived"
             outcome.note = "not killed on its contracts (the whole suite was not run: it is expected to survive here)"
         else:
-            full, tail = _run_suite(registry.backend, env, None, timeout, manifest=manifest)
+            full, tail = _run_suite(registry.backend, env, None, timeout, manifest=manifest, python=python)
             if full is None:
                 outcome.note = f"the whole-suite run wrote no report:\n{tail}"
             else:
@@ -282,21 +331,45 @@ def run_mutant(registry: MutantRegistry, mutant: Mutant, timeout: float, manifes
 
 
 def run_configuration(registry: MutantRegistry, selected: list[Mutant], jobs: int, timeout: float,
-                      configuration: str, progress=print) -> dict:
-    """The kill matrix of one configuration (CONFIGURATIONS)."""
+                      configuration: str, progress=print, newer_python: str | None = None) -> dict:
+    """The kill matrix of one configuration (CONFIGURATIONS). Mutants whose
+    contracts this torch retires run in `newer_python` (module docstring)."""
     start = time.monotonic()
+    here = running_torch()
+    # Absolute (the suite runs in a temporary folder), not resolved (a venv's python is a link to its base).
+    newer_python = os.path.abspath(newer_python) if newer_python else None
+    newer_torch = interpreter_torch(newer_python) if newer_python else ""
+    # interpreter (None: this one) -> its mutants; the mutants nothing here can run.
+    groups: dict[str | None, list[Mutant]] = {}
+    unrunnable: list[Outcome] = []
+    for mutant in selected:
+        if not too_new(mutant, here):
+            groups.setdefault(None, []).append(mutant)
+        elif newer_python and not too_new(mutant, newer_torch):
+            groups.setdefault(newer_python, []).append(mutant)
+        else:
+            unrunnable.append(Outcome(
+                mutant.id, list(mutant.contracts), "error", torch=here,
+                note=f"its contracts need torch >= {mutant.min_torch}, this run has {here}"
+                     + (f" and {newer_python} has {newer_torch or 'no torch'}" if newer_python else
+                        "; give the runner an interpreter of a newer torch (--newer-python)")))
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         manifest = (manifest_without_instrumentation(registry.backend, Path(tmp))
                     if configuration == UNINSTRUMENTED else None)
-        problems = check_baseline(registry, timeout, manifest)
+        problems = [p for python, mutants in groups.items()
+                    for p in check_baseline(registry, timeout, manifest, python, mutants)]
         if problems:
             return {"baseline_problems": problems, "outcomes": [], "score": None, "total": 0, "killed": 0}
-        outcomes: list[Outcome] = []
+        order = [(python, m) for python, mutants in groups.items() for m in mutants]
+        outcomes: list[Outcome] = list(unrunnable)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for outcome in pool.map(lambda m: run_mutant(registry, m, timeout, manifest,
-                                                         expected_status(m, configuration) == "killed"), selected):
+            for outcome in pool.map(lambda job: run_mutant(registry, job[1], timeout, manifest,
+                                                           expected_status(job[1], configuration) == "killed",
+                                                           job[0]), order):
                 outcomes.append(outcome)
                 progress(f"{configuration:<15} {outcome.status:<18} {outcome.mutant:<40} {outcome.seconds:>6.1f} s")
+    position = {m.id: k for k, m in enumerate(selected)}
+    outcomes.sort(key=lambda o: position[o.mutant])
     killed = sum(o.status == "killed" for o in outcomes)
     return {
         "total": len(outcomes),
@@ -310,7 +383,8 @@ def run_configuration(registry: MutantRegistry, selected: list[Mutant], jobs: in
 
 
 def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout: float,
-            progress=print, configurations: tuple[str, ...] = CONFIGURATIONS, tree: dict | None = None) -> dict:
+            progress=print, configurations: tuple[str, ...] = CONFIGURATIONS, tree: dict | None = None,
+            newer_python: str | None = None) -> dict:
     """The kill matrix: every selected mutant in each configuration, and the
     tree it was measured on (tree_digest, given by the caller)."""
     selected = [registry.mutants[m] for m in only] if only else list(registry.mutants.values())
@@ -318,7 +392,9 @@ def run_all(registry: MutantRegistry, only: list[str] | None, jobs: int, timeout
         "backend": registry.backend,
         "registry": registry.path.name,
         "tree": tree or {},
-        "configurations": {c: run_configuration(registry, selected, jobs, timeout, c, progress)
+        "torch": running_torch(),
+        "newer_torch": interpreter_torch(newer_python) if newer_python else None,
+        "configurations": {c: run_configuration(registry, selected, jobs, timeout, c, progress, newer_python)
                            for c in configurations},
     }
 
@@ -416,8 +492,9 @@ def format_matrix(result: dict) -> str:
         for o in matrix["outcomes"]:
             checks = o.get("killing_checks") or [t.split("::", 1)[-1] for t in o["killing_tests"]]
             more = f" (+{len(checks) - 3})" if len(checks) > 3 else ""
+            elsewhere = f" [torch {o['torch']}]" if o.get("torch") and o["torch"] != result.get("torch") else ""
             lines.append(f"{o['mutant']:<40} {','.join(o['contracts']):<28} {o['status']:<18} "
-                         + ("; ".join(checks[:3]) + more if checks else "-"))
+                         + ("; ".join(checks[:3]) + more if checks else "-") + elsewhere)
         lines.append(f"score: {matrix['killed']}/{matrix['total']} killed on their clauses"
                      + (f" ({matrix['score']:.0%})" if matrix["score"] is not None else ""))
     return "\n".join(lines)
@@ -461,8 +538,12 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
     outcomes = {c: {o["mutant"]: o for o in configurations.get(c, {}).get("outcomes", [])} for c in CONFIGURATIONS}
     lines = [TABLE_BEGIN, ""]
     tree = result.get("tree") or {}
+    here = result.get("torch")
     lines.append(f"Recorded on the tree {tree.get('sha256', '(unrecorded)')[:12]} (commit "
-                 f"{tree.get('commit') or 'unrecorded'}) of conformance/, harness/ and reference_backend/:")
+                 f"{tree.get('commit') or 'unrecorded'}) of conformance/, harness/ and reference_backend/"
+                 + (f", on torch {here}" if here else "")
+                 + (f" (the mutants of contracts that need a newer torch on torch {result['newer_torch']})"
+                    if result.get("newer_torch") else "") + ":")
     lines.append("")
     for configuration in CONFIGURATIONS:
         matrix = configurations.get(configuration, {})
@@ -484,6 +565,8 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
                              + [f"`{c}`" for c in mutant.contracts if c not in named])
         if mutant.ordering:
             violates += " (ordering)"
+        if mutant.min_torch:
+            violates += f" (torch >= {mutant.min_torch})"
         if mutant.needs_instrumentation and (bare or {}).get("status") != "killed":
             without = f"needs the instrumentation: {_cell(mutant.needs_instrumentation)}"
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import openreg  # noqa: F401
+import openreg
 from openreg import _inductor
 from openreg.conformance_profile import block_stream
 
@@ -214,3 +214,18 @@ def test_kernels_are_compiled_once():
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(f)(x).cpu(), f(x.cpu()))
     assert len(_inductor.KernelCache.cache) == compiled
+
+
+def test_the_device_interface_answers_the_device_class_questions():
+    """What torch 2.15's Inductor asks of the interface (the methods exist on
+    every release; earlier ones never call them): not a GPU-class device
+    (its kernels are CPU-style C++), streams exposed, and as many compute
+    units as the device properties say."""
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    interface = get_interface_for_device("openreg")
+    assert interface.is_gpu() is False
+    assert interface.Stream is openreg.Stream
+    for device in (None, 0, 1, "openreg:1", torch.device("openreg", 0)):
+        count = interface.get_multi_processor_count(device)
+        assert count == openreg.get_device_properties(device).multi_processor_count > 0

@@ -225,11 +225,18 @@ def _registry_with(tmp_path: Path, contract_id: str, line: str) -> Path:
 def test_min_torch_is_validated(tmp_path):
     registry = registry_mod.load(_registry_with(tmp_path, "DM-SET-001", 'min_torch = "2.14"'))
     assert registry.get("DM-SET-001").min_torch == "2.14"
-    assert registry.leave_out_for_torch("2.13.0+cpu") == {
-        "DM-SET-001": "needs torch >= 2.14, this run has 2.13.0+cpu"}
+    assert registry.leave_out_for_torch("2.13.0+cpu")["DM-SET-001"] == "needs torch >= 2.14, this run has 2.13.0+cpu"
     assert registry.get("DM-SET-001").retired and "DM-SET-001" not in {c.id for c in registry.active()}
-    assert registry_mod.load(_registry_with(tmp_path, "DM-SET-001", 'min_torch = "2.13"')) \
-        .leave_out_for_torch("2.13.0") == {}
+    assert "DM-SET-001" not in registry_mod.load(_registry_with(tmp_path, "DM-SET-001", 'min_torch = "2.13"')) \
+        .leave_out_for_torch("2.13.0")
+    # The registry's own contracts of newer releases: each left out before its release, kept from it on.
+    real = registry_mod.load(registry_mod.default_path())
+    newer = {c.id: c.min_torch for c in real.contracts.values() if c.min_torch}
+    assert {"RG-ACCEL-001", "DI-IFACE-002", "DI-INDUCTOR-002"} <= set(newer)
+    assert set(registry_mod.load(registry_mod.default_path()).leave_out_for_torch("2.13.0")) == set(newer)
+    assert set(registry_mod.load(registry_mod.default_path()).leave_out_for_torch("2.14.1")) == \
+        {c for c, t in newer.items() if t == "2.15"}
+    assert registry_mod.load(registry_mod.default_path()).leave_out_for_torch("2.15.0") == {}
     with pytest.raises(registry_mod.RegistryError, match="min_torch"):
         registry_mod.load(_registry_with(tmp_path, "DM-SET-001", 'min_torch = "soon"'))
 

@@ -294,7 +294,10 @@ def sample(registry, contracts, commit: str) -> dict[str, list[str]]:
     since the matrix was recorded (both configurations)."""
     chosen: dict[str, set[str]] = {c: set() for c in mutants_mod.CONFIGURATIONS}
     by_area: dict[str, list] = {}
+    here = mutants_mod.running_torch()
     for mutant in sorted(registry.mutants.values(), key=lambda m: m.id):
+        if mutants_mod.too_new(mutant, here):
+            continue  # its contracts are retired on this torch: `make mutants` runs it on a newer one
         by_area.setdefault(contracts.contracts[mutant.contracts[0]].area, []).append(mutant)
     for area, mutants in sorted(by_area.items()):
         mutant = _pick(commit, area, mutants)
@@ -305,10 +308,33 @@ def sample(registry, contracts, commit: str) -> dict[str, list[str]]:
     for configuration, result in matrix["configurations"].items():
         for outcome in result["outcomes"]:
             mutant = registry.mutants.get(outcome["mutant"])
-            if mutant and set(outcome.get("killing_checks", [])) & changed and \
+            if mutant and set(outcome.get("killing_checks", [])) & changed and not mutants_mod.too_new(mutant, here) and \
                     mutants_mod.expected_status(mutant, configuration) == "killed":
                 chosen[configuration].add(mutant.id)
     return {c: sorted(m) for c, m in chosen.items() if m}
+
+
+def test_a_mutant_of_a_newer_torch_runs_there_or_is_an_error(registry):
+    """A mutant whose contract needs a newer torch than this one carries that
+    release; without an interpreter of a new enough torch the runner records
+    it as an error saying what to give it (never silently skipped), and the
+    matrix's problems name it."""
+    assert registry.mutants["hooks-generators-are-copies"].min_torch == "2.14"
+    assert registry.mutants["dynamo-stream-placeholder"].min_torch == "2.15"
+    assert registry.mutants["exchange-returns-new"].min_torch == ""
+    newer = registry.mutants["dynamo-stream-placeholder"]
+    for python, says in ((None, "--newer-python"), (sys.executable, f"{sys.executable} has 2.13")):
+        result = mutants_mod.run_configuration(registry, [newer], jobs=1, timeout=5.0,
+                                               configuration=mutants_mod.INSTRUMENTED, progress=lambda line: None,
+                                               newer_python=python)
+        [outcome] = result["outcomes"]
+        assert outcome["status"] == "error" and "need torch >= 2.15" in outcome["note"] and says in outcome["note"], \
+            outcome
+    import dataclasses
+
+    only = dataclasses.replace(registry, mutants={newer.id: newer})
+    problems = mutants_mod.matrix_problems(only, {"configurations": {mutants_mod.INSTRUMENTED: result}})
+    assert problems == [f"instrumented: {newer.id} is error, not killed on its clauses DI-IFACE-002.2"]
 
 
 def test_the_sample_rotates_with_the_commit(registry, contracts):

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <bitset>
+#include <vector>
 
 namespace openreg {
 
@@ -65,6 +66,16 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
     if (mutant::is("init-on-every-generator")) at::detail::getPrivateUse1Hooks().init();
+    if (mutant::is("hooks-generator-of-current-device")) return default_generator(-1);
+    if (mutant::is("hooks-generators-are-copies")) {
+      // A second set of generators, cloned from the real ones at the first call.
+      static std::vector<at::Generator> copies = [] {
+        std::vector<at::Generator> made;
+        for (c10::DeviceIndex i = 0; i < device_count(); ++i) made.push_back(default_generator(i).clone());
+        return made;
+      }();
+      return copies.at(index < 0 ? current_device() : index);
+    }
     return default_generator(index);
   }
 

@@ -102,6 +102,8 @@ const std::vector<std::string>& known() {
       "hooks-current-device-stale",
       "hooks-exchange-clamps",
       "hooks-exchange-returns-new",
+      "hooks-generator-of-current-device",
+      "hooks-generators-are-copies",
       "hooks-maybe-exchange-ignores-valid",
       "hooks-set-current-device-noop",
       "inductor-host-scalars-refused",

@@ -18,6 +18,8 @@ import importlib.machinery
 import sys
 from typing import Any
 
+from . import _mutants
+
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.compile_fx"
 
@@ -27,7 +29,6 @@ def _register() -> None:
     from torch._dynamo.device_interface import DeviceInterface, register_interface_for_device
 
     import openreg
-    from openreg import _mutants
 
     class OpenRegInterface(DeviceInterface):
         device = openreg.device
@@ -85,6 +86,26 @@ def _register() -> None:
         def is_triton_capable(device: Any = None) -> bool:
             return False
 
+        # torch 2.15's device-class questions (earlier releases never ask).
+        # Inductor generates CPU-style C++ for OpenReg: not a GPU-class device.
+        @staticmethod
+        def is_gpu() -> bool:
+            return _mutants.active("dynamo-is-gpu-unseen-by-inductor")
+
+        @classmethod
+        def get_multi_processor_count(cls, device: Any = None) -> int:
+            if _mutants.active("dynamo-multi-processor-count-missing"):
+                raise AttributeError(f"{cls.__name__} must override get_multi_processor_count because its device "
+                                     f"properties do not expose the standard field 'multi_processor_count'")
+            return openreg.get_device_properties(device).multi_processor_count
+
+    if _mutants.active("dynamo-stream-placeholder"):
+        class _Placeholder(torch.Stream):
+            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("OpenReg streams are not available through the dynamo interface")
+
+        OpenRegInterface.Stream = _Placeholder
+
     register_interface_for_device("openreg", OpenRegInterface)
     for index in range(openreg.device_count()):
         register_interface_for_device(f"openreg:{index}", OpenRegInterface)
@@ -97,6 +118,9 @@ def _register_inductor() -> None:
 
 
 _HOOKS = {_DYNAMO: _register, _INDUCTOR: _register_inductor}
+if _mutants.active("dynamo-is-gpu-unseen-by-inductor"):
+    # Registered late, when Inductor's compiler is imported: after Inductor's one scan for GPU-class devices.
+    _HOOKS = {_INDUCTOR: lambda: (_register(), _register_inductor())}
 
 
 class _Loader(importlib.abc.Loader):

@@ -1,6 +1,7 @@
 """OpenReg's mutation run: the conformance suite against every mutant of OpenReg.
 
     python -m openreg.mutants [--jobs N] [--only ID ...] [--configuration C] [--timeout S] [--output F]
+                              [--newer-python PYTHON]
     python -m openreg.mutants --markdown KILL_MATRIX.json [--docs PAGE.md]
 
 Each mutant (conformance/mutants.toml, selected with OPENREG_MUTANT) breaks
@@ -87,7 +88,8 @@ def _run(args: argparse.Namespace) -> int:
           f"configuration(s) {', '.join(configurations)}")
     root = repository_root()
     before = mutants_mod.tree_digest(root)
-    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout, configurations=configurations)
+    result = mutants_mod.run_all(registry, args.only, args.jobs, args.timeout, configurations=configurations,
+                                 newer_python=args.newer_python)
     result["tree"] = tree_record(root, result)
     if result["tree"]["sha256"] != before:
         print("the tree changed while the mutants ran: this matrix proves nothing; run again", file=sys.stderr)
@@ -119,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "and this kill matrix (a JSON written by --output)")
     parser.add_argument("--docs", metavar="PAGE",
                         help="with --markdown: rewrite the generated block of this page (docs/mutation-testing.md)")
+    parser.add_argument("--newer-python", metavar="PYTHON",
+                        help="the interpreter of an environment with a newer torch (the kit and OpenReg built "
+                             "there: make build TORCH=<release>) that runs the mutants of contracts this torch "
+                             "retires (min_torch); without it they are errors in the matrix")
     parser.add_argument("--registry", help=argparse.SUPPRESS)
     return parser
 
