@@ -58,10 +58,9 @@ class ProbeBuildError(RuntimeError):
 
 def cache_root() -> Path:
     """Where compiled probes live: $PU1C_PROBE_CACHE, else the user's cache folder."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "privateuse1-conformance" / "probe"
+    from privateuse1_conformance.harness.paths import user_cache
+
+    return user_cache("probe", CACHE_ENV)
 
 
 def build_key() -> str:

@@ -50,10 +50,9 @@ CACHE_ENV = "PU1C_CLAUSE_CACHE"
 
 
 def _cache_folder() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "privateuse1-conformance" / "clauses"
+    from .paths import user_cache
+
+    return user_cache("clauses", CACHE_ENV)
 
 
 @functools.lru_cache(maxsize=1)

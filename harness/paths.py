@@ -30,6 +30,18 @@ import sysconfig
 import tempfile
 
 
+def user_cache(folder: str, override_env: str):
+    """The kit's cache folder `folder` (probe, clauses): $`override_env` if
+    set, else the user's cache folder ($XDG_CACHE_HOME or ~/.cache) under
+    privateuse1-conformance/."""
+    from pathlib import Path
+
+    if os.environ.get(override_env):
+        return Path(os.environ[override_env]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "privateuse1-conformance" / folder
+
+
 _KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _packages: list[tuple[str, str]] = [(_KIT_ROOT, "<privateuse1_conformance>")]
 

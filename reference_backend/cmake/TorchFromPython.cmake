@@ -15,7 +15,7 @@
 #   TORCH_PYTHON_LIBRARY  libtorch_python (Python bindings only)
 #   TORCH_INSTALL_PREFIX  the torch package folder (include/, lib/)
 #   TORCH_VERSION         torch.__version__ (C++ sees TORCH_VERSION_MAJOR/MINOR
-#                         from <torch/version.h>)
+#                         from <torch/headeronly/version.h>)
 if(TARGET Torch::cpu)
   return()
 endif()

@@ -45,15 +45,15 @@ _check_privateuse1_is_free()
 def _load_compiled() -> Any:
     """Load the compiled backend, built against this very torch release."""
     running = re.match(r"\d+\.\d+\.\d+", torch.__version__).group()  # '2.14.0a0+git1234' -> '2.14.0'
+    rebuild = "rebuild it in this environment with `pip install --no-build-isolation ./reference_backend`"
     try:
         from . import _C  # loading it registers the backend with PyTorch
     except ImportError as e:
         raise ImportError(f"OpenReg's compiled library does not load with torch {torch.__version__} (it was probably "
-                          f"built against another torch): rebuild it in this environment with `pip install "
-                          f"--no-build-isolation ./reference_backend` ({e})") from e
+                          f"built against another torch): {rebuild} ({e})") from e
     if _C._built_with_torch != running:
         raise ImportError(f"OpenReg was built against torch {_C._built_with_torch}, this is torch {torch.__version__}: "
-                          f"rebuild it in this environment with `pip install --no-build-isolation ./reference_backend`")
+                          f"{rebuild}")
     return _C
 
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -525,27 +526,42 @@ TEST_F(FreshProcessDeathTest, ProcessModeInjectedFaultEndsTheExecutor) {
   ChildReport report;
   int fds[2];
   report.Expect(pipe(fds) == 0, "pipe");
+  // What the host reports: each device's executor and how starting it went.
+  struct Started {
+    int pids[2] = {-1, -1};
+    int errors[2] = {-1, -1};
+    char message[512] = {};
+  };
   const pid_t host = fork();
   if (host == 0) {
     // The executors inherit stderr: not the test's pipe, so that executors
     // left behind (the failure this test looks for) cannot hold it open.
     freopen("/dev/null", "w", stderr);
-    int pids[2] = {-1, -1};
-    orDeviceInit(0);
-    orDeviceInit(1);
-    orDeviceGetExecutorPid(0, &pids[0]);
-    orDeviceGetExecutorPid(1, &pids[1]);
-    ssize_t ignored = write(fds[1], pids, sizeof(pids));
+    Started started;
+    for (int device = 0; device < 2; ++device) {
+      started.errors[device] = orDeviceInit(device);
+      if (started.errors[device] == orSuccess) {
+        started.errors[device] = orDeviceGetExecutorPid(device, &started.pids[device]);
+      }
+      if (started.errors[device] != orSuccess && started.message[0] == '\0') {
+        snprintf(started.message, sizeof(started.message), "%s", orGetLastErrorMessage());
+      }
+    }
+    ssize_t ignored = write(fds[1], &started, sizeof(started));
     (void)ignored;
     pause();
     _exit(0);
   }
-  int pids[2] = {-1, -1};
-  report.Expect(read(fds[0], pids, sizeof(pids)) == sizeof(pids), "read executor pids");
-  report.Expect(pids[0] > 0 && pids[1] > 0, "the host started two executors");
+  Started started;
+  report.Expect(read(fds[0], &started, sizeof(started)) == sizeof(started), "read what the host started");
+  const int* pids = started.pids;
+  report.Expect(pids[0] > 0 && pids[1] > 0,
+                "the host started two executors (orDeviceInit/orDeviceGetExecutorPid returned " +
+                    std::to_string(started.errors[0]) + " and " + std::to_string(started.errors[1]) +
+                    (started.message[0] ? std::string(": ") + started.message : std::string()) + ")");
   kill(host, SIGKILL);
   waitpid(host, nullptr, 0);
-  for (int pid : pids) {
+  for (int pid : started.pids) {
     if (pid > 0) {
       report.Expect(EndsWithin(pid, std::chrono::seconds(30)),
                     "executor " + std::to_string(pid) + " ended with its host");
