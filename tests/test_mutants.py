@@ -323,7 +323,8 @@ def test_a_mutant_of_a_newer_torch_runs_there_or_is_an_error(registry):
     assert registry.mutants["dynamo-stream-placeholder"].min_torch == "2.15"
     assert registry.mutants["exchange-returns-new"].min_torch == ""
     newer = registry.mutants["dynamo-stream-placeholder"]
-    for python, says in ((None, "--newer-python"), (sys.executable, f"{sys.executable} has 2.13")):
+    here = mutants_mod.running_torch()
+    for python, says in ((None, "--newer-python"), (sys.executable, f"{sys.executable} has {here}")):
         result = mutants_mod.run_configuration(registry, [newer], jobs=1, timeout=5.0,
                                                configuration=mutants_mod.INSTRUMENTED, progress=lambda line: None,
                                                newer_python=python)
