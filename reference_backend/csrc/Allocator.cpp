@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -43,7 +44,13 @@ struct Block {
   size_t requested;
   void* ptr;
   std::vector<c10::Stream> uses;  // other streams, from record_stream
+  // The graph pool the block was allocated for ({0, 0}: none). While the
+  // pool has graphs, its blocks are cached for it alone and never given
+  // back to the runtime: replays write them.
+  c10::MempoolId_t pool{0, 0};
 };
+
+constexpr c10::MempoolId_t kNoPool{0, 0};
 
 // Per-device state. Guarded by `mutex`.
 struct DeviceCache {
@@ -55,8 +62,10 @@ struct DeviceCache {
   // its lock through the release for the same reason).
   std::mutex release_mutex;
   std::unordered_map<void*, Block*> active;
-  // (stream id, size class) -> cached blocks
-  std::map<std::pair<c10::StreamId, size_t>, std::vector<Block*>> cached;
+  // (graph pool, stream id, size class) -> cached blocks
+  std::map<std::tuple<c10::MempoolId_t, c10::StreamId, size_t>, std::vector<Block*>> cached;
+  // Streams capturing a graph, and the pool their allocations come from.
+  std::vector<std::pair<c10::Stream, c10::MempoolId_t>> capturing;
   // Freed blocks still used by other streams, with one event per user.
   std::vector<std::pair<Block*, std::vector<orEvent_t>>> pending;
   DeviceStats stats;
@@ -118,10 +127,14 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : device];
 
     Block* block = nullptr;
+    c10::MempoolId_t pool = kNoPool;
     {
       std::lock_guard<std::mutex> lock(cache.mutex);
+      for (const auto& [capturing_stream, capture_pool] : cache.capturing) {
+        if (capturing_stream == stream && !mutant::is("graph-allocations-outside-pool")) pool = capture_pool;
+      }
       reclaim_finished(cache);
-      block = take_cached(cache, stream, size);
+      block = take_cached(cache, pool, stream, size);
     }
     if (!block) {
       // No lock while asking the runtime (and while releasing the cache,
@@ -159,7 +172,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
             s.reserved_bytes[0].current, " bytes.");
       }
       OPENREG_CHECK(status);
-      block = new Block{device, stream, size, 0, ptr, {}};
+      block = new Block{device, stream, size, 0, ptr, {}, pool};
       std::lock_guard<std::mutex> lock(cache.mutex);
       cache.stats.num_device_alloc++;
       update(cache.stats.segment, size, small, 1);
@@ -252,6 +265,57 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     return {free_bytes, total_bytes};
   }
 
+  // Graph pools (Graph.cpp). A pool lives while graphs use it.
+  c10::MempoolId_t new_pool() {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    return {0, ++last_pool_};
+  }
+
+  void retain_pool(c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    ++pool_users_[pool];
+  }
+
+  // The last user gone, the pool's cached blocks join the ordinary cache
+  // (of their stream), and its blocks still in use will when freed.
+  void release_pool(c10::MempoolId_t pool) {
+    {
+      std::lock_guard<std::mutex> lock(pools_mutex_);
+      auto it = pool_users_.find(pool);
+      if (it == pool_users_.end() || --it->second > 0) return;
+      pool_users_.erase(it);
+    }
+    for (auto& cache : caches_) {
+      std::lock_guard<std::mutex> lock(cache->mutex);
+      for (auto it = cache->cached.begin(); it != cache->cached.end();) {
+        auto [block_pool, stream_id, size] = it->first;
+        if (block_pool != pool) {
+          ++it;
+          continue;
+        }
+        auto& into = cache->cached[{kNoPool, stream_id, size}];
+        for (Block* block : it->second) {
+          block->pool = kNoPool;
+          into.push_back(block);
+        }
+        it = cache->cached.erase(it);
+      }
+    }
+  }
+
+  // Allocations on `stream` come from `pool` until end_pool_allocation.
+  void begin_pool_allocation(const c10::Stream& stream, c10::MempoolId_t pool) {
+    DeviceCache& cache = *caches_[stream.device_index()];
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    cache.capturing.emplace_back(stream, pool);
+  }
+
+  void end_pool_allocation(const c10::Stream& stream) {
+    DeviceCache& cache = *caches_[stream.device_index()];
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    std::erase_if(cache.capturing, [&](const auto& entry) { return entry.first == stream; });
+  }
+
   // Called by the DataPtr deleter; never throws.
   void free(Block* block) noexcept {
     DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : block->device];
@@ -267,8 +331,9 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
       update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
     }
+    if (block->pool != kNoPool && !pool_alive(block->pool)) block->pool = kNoPool;
     if (block->uses.empty()) {
-      cache.cached[{block->stream.id(), block->size}].push_back(block);
+      cache.cached[{block->pool, block->stream.id(), block->size}].push_back(block);
       return;
     }
     std::vector<orEvent_t> events;
@@ -313,17 +378,18 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         continue;
       }
       for (orEvent_t e : events) orEventDestroy(e);
-      cache.cached[{block->stream.id(), block->size}].push_back(block);
+      cache.cached[{block->pool, block->stream.id(), block->size}].push_back(block);
       pending[i] = std::move(pending.back());
       pending.pop_back();
     }
   }
 
-  static Block* take_cached(DeviceCache& cache, const c10::Stream& stream, size_t size) {
+  static Block* take_cached(DeviceCache& cache, c10::MempoolId_t pool, const c10::Stream& stream,
+                            size_t size) {
     // Mutant cache-shared-across-streams: a block cached for one stream is handed to any stream.
     if (mutant::is("cache-shared-across-streams")) {
       for (auto& [key, blocks] : cache.cached) {
-        if (key.second != size || blocks.empty()) continue;
+        if (std::get<0>(key) != pool || std::get<2>(key) != size || blocks.empty()) continue;
         Block* block = blocks.back();
         blocks.pop_back();
         block->stream = stream;
@@ -331,7 +397,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       }
       return nullptr;
     }
-    auto it = cache.cached.find({stream.id(), size});
+    auto it = cache.cached.find({pool, stream.id(), size});
     if (it == cache.cached.end() || it->second.empty()) return nullptr;
     Block* block = it->second.back();
     it->second.pop_back();
@@ -349,11 +415,20 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     std::vector<std::pair<Block*, std::vector<orEvent_t>>> pending;
     {
       std::lock_guard<std::mutex> lock(cache.mutex);
-      for (auto& [key, blocks] : cache.cached) {
-        released.insert(released.end(), blocks.begin(), blocks.end());
+      // Blocks of a pool with graphs stay: a replay writes them.
+      for (auto it = cache.cached.begin(); it != cache.cached.end();) {
+        if (std::get<0>(it->first) != kNoPool && !mutant::is("empty-cache-frees-graph-pool")) {
+          ++it;
+          continue;
+        }
+        released.insert(released.end(), it->second.begin(), it->second.end());
+        it = cache.cached.erase(it);
       }
-      cache.cached.clear();
-      pending.swap(cache.pending);
+      std::vector<std::pair<Block*, std::vector<orEvent_t>>> kept;
+      for (auto& entry : cache.pending) {
+        (entry.first->pool == kNoPool ? pending : kept).push_back(std::move(entry));
+      }
+      cache.pending.swap(kept);
       if (released.empty() && pending.empty()) return;
       cache.stats.num_sync_all_streams++;
     }
@@ -378,8 +453,17 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     }
   }
 
+  bool pool_alive(c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    return pool_users_.count(pool) != 0;
+  }
+
   std::vector<std::unique_ptr<DeviceCache>> caches_;
   std::atomic<bool> used_{false};
+  // Taken alone or inside a device cache's mutex, never around one.
+  std::mutex pools_mutex_;
+  c10::CaptureId_t last_pool_ = 0;
+  std::map<c10::MempoolId_t, int> pool_users_;
 };
 
 OpenRegDeviceAllocator& the_device_allocator() {
@@ -532,6 +616,16 @@ void delete_host_block(void* ctx) {
 }  // namespace
 
 c10::DeviceAllocator* device_allocator() { return &the_device_allocator(); }
+
+c10::MempoolId_t new_graph_pool() { return the_device_allocator().new_pool(); }
+void retain_graph_pool(c10::MempoolId_t pool) { the_device_allocator().retain_pool(pool); }
+void release_graph_pool(c10::MempoolId_t pool) { the_device_allocator().release_pool(pool); }
+void begin_graph_pool_allocation(const c10::Stream& stream, c10::MempoolId_t pool) {
+  the_device_allocator().begin_pool_allocation(stream, pool);
+}
+void end_graph_pool_allocation(const c10::Stream& stream) {
+  the_device_allocator().end_pool_allocation(stream);
+}
 
 at::HostAllocator* host_allocator() { return &the_host_allocator(); }
 

@@ -16,8 +16,9 @@
 //  * On out-of-memory the device's cache is released (after synchronizing the
 //    device) and the allocation is retried once; then OutOfMemoryError.
 //  * empty_cache synchronizes each initialized device and returns every
-//    cached block to the runtime, so allocated <= reserved always holds and
-//    reserved == allocated right after empty_cache.
+//    cached block to the runtime, but those of graph pools in use (below):
+//    allocated <= reserved always holds, and reserved == allocated right
+//    after empty_cache unless a graph holds a pool.
 #pragma once
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -41,6 +42,17 @@ bool record_host_use(void* ptr, void* ctx, c10::Stream stream);
 // Grows or shrinks device storage to `new_nbytes`, keeping the common prefix
 // (copied on the device's current stream). Resizing to 0 releases the memory.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
+
+// Graph pools (Graph.cpp): memory a captured graph's work uses. While
+// `stream` captures into `pool`, its allocations come from the pool; a block
+// of the pool freed meanwhile or later is reused only by allocations into the
+// pool, and empty_cache keeps it, until the pool's last graph releases it
+// (CUDA's private graph pools).
+c10::MempoolId_t new_graph_pool();
+void retain_graph_pool(c10::MempoolId_t pool);
+void release_graph_pool(c10::MempoolId_t pool);
+void begin_graph_pool_allocation(const c10::Stream& stream, c10::MempoolId_t pool);
+void end_graph_pool_allocation(const c10::Stream& stream);
 
 // Whether `ptr` lies inside pinned memory of the runtime.
 bool is_pinned_pointer(const void* ptr);

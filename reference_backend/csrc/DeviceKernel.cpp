@@ -71,9 +71,10 @@ orError_t run_task(void* arg) {
       status = orErrorKernelFailed;
     }
   }
-  if (!task->wait) delete task;  // async tasks are owned by the worker
   return status;
 }
+
+void release_task(void* arg) { delete static_cast<KernelTask*>(arg); }
 
 }  // namespace
 
@@ -106,8 +107,10 @@ void launch_kernel(const c10::Stream& stream, std::function<void()> body, bool w
     if (task.error) std::rethrow_exception(task.error);
     return;
   }
+  // The runtime owns an asynchronous task: it frees it once nothing can run
+  // it anymore (after it ran, or with the graph that captured it).
   auto* task = new KernelTask{std::move(body), false, nullptr};
-  const orError_t status = orLaunchKernel(native, &run_task, task);
+  const orError_t status = orLaunchKernelOwned(native, &run_task, task, &release_task);
   if (status != orSuccess) delete task;
   OPENREG_CHECK(status);
 }

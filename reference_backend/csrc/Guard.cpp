@@ -238,6 +238,13 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     OPENREG_CHECK(orStreamSynchronize(native_stream(foreign_as_openreg(stream))));
   }
 
+  bool isStreamCapturing(const Stream& stream) const override {
+    if (mutant::is("stream-capturing-always-false")) return false;
+    int capturing = 0;
+    OPENREG_CHECK(orStreamIsCapturing(native_stream(foreign_as_openreg(stream)), &capturing));
+    return capturing != 0;
+  }
+
   void synchronizeEvent(void* event) const override {
     if (!event) return;
     if (mutant::is("event-synchronize-returns-early")) return;

@@ -30,6 +30,8 @@ c10::Stream exchange_stream(c10::Stream stream);
 // invalid devices or unknown ids.
 orStream_t native_stream(const c10::Stream& stream);
 int stream_priority(const c10::Stream& stream);
+// Whether `stream` is capturing a graph (Graph.cpp).
+bool is_capturing(const c10::Stream& stream);
 
 // Throws unless `device` is an OpenReg device (argument names the caller).
 void check_openreg_device(const c10::Device& device, const char* argument);

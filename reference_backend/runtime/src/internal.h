@@ -124,6 +124,14 @@ struct Marker {
 struct Task {
   std::function<orError_t()> work;   // empty for pure markers
   std::shared_ptr<Marker> marker;    // completed after `work`, if set
+  const char* what = "kernel";       // what the work is, for graph dumps
+};
+
+// The work recorded by a capturing stream (orStreamBeginCapture).
+struct Capture {
+  std::vector<Task> tasks;
+  // The first call refused during the capture ("" while none was).
+  std::string invalidated;
 };
 
 }  // namespace openreg::runtime
@@ -153,9 +161,12 @@ struct orStream {
   // holds queued work back until it has completed.
   bool inline_running = false;
   std::string kernel_error;  // sticky error of a failed kernel
+  // Set while the stream captures: enqueue records work here instead.
+  std::unique_ptr<openreg::runtime::Capture> capture;
   std::thread worker;
 
-  // Enqueues and returns the task's sequence number (1-based).
+  // Enqueues and returns the task's sequence number (1-based); while the
+  // stream captures, records the task in the capture and returns 0.
   uint64_t enqueue(openreg::runtime::Task task);
   void wait_for(uint64_t seq);
   bool reached(uint64_t seq);
@@ -175,6 +186,13 @@ struct orEvent {
   std::shared_ptr<orStream> stream;
   uint64_t seq = 0;
   std::shared_ptr<openreg::runtime::Marker> marker;
+};
+
+struct orGraph {
+  static constexpr uint32_t kLive = 0x47525048;  // "GRPH"
+  std::atomic<uint32_t> magic{kLive};
+  int device = 0;
+  std::vector<openreg::runtime::Task> tasks;  // in capture order, no markers
 };
 
 namespace openreg::runtime {

@@ -503,7 +503,7 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
   if (orError_t e = resolve_stream(call, stream, &s)) return e;
   if (orError_t e = check_stream_copy(call, dst, src, count, kind, s)) return e;
   if (count == 0) return orSuccess;
-  s->enqueue({copy_work(dst, src, count), nullptr});
+  s->enqueue({copy_work(dst, src, count), nullptr, "copy"});
   return orSuccess;
 }
 
@@ -553,7 +553,7 @@ orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {
                                      reinterpret_cast<uintptr_t>(dst),
                                      static_cast<unsigned char>(value), count);
                 },
-                nullptr});
+                nullptr, "memset"});
     return orSuccess;
   }
   void* alias = d->arena.kernel_alias(dst);
@@ -561,7 +561,7 @@ orError_t orMemsetAsync(void* dst, int value, size_t count, orStream_t stream) {
                 std::memset(alias, value, count);
                 return orSuccess;
               },
-              nullptr});
+              nullptr, "memset"});
   return orSuccess;
 }
 

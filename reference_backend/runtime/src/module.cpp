@@ -153,7 +153,7 @@ orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function, const v
                   return ex->request("module kernel", openreg::executor::kKernel, 0, 0, 0,
                                      request->data(), request->size());
                 },
-                nullptr});
+                nullptr, "module kernel"});
     return orSuccess;
   }
   // 16-byte aligned copy of the parameters (std::max_align_t storage).
@@ -169,7 +169,7 @@ orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function, const v
                 ctx.set_error = kernel_set_error;
                 return fn(&ctx, copy->data(), params_size);
               },
-              nullptr});
+              nullptr, "module kernel"});
   return orSuccess;
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +29,7 @@ struct Registry {
   std::mutex mutex;
   std::unordered_map<const orStream*, StreamRef> streams;
   std::unordered_map<const orEvent*, EventRef> events;
+  std::unordered_map<const orGraph*, std::shared_ptr<orGraph>> graphs;
 };
 Registry& registry() {
   static auto* r = new Registry();  // leaked: workers may outlive statics
@@ -165,6 +167,12 @@ uint64_t orStream::enqueue(Task task) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex);
+    // Mutant capture-runs-work: captured work also runs at once.
+    if (capture && !mutant::is("capture-runs-work")) {
+      capture->tasks.push_back(std::move(task));
+      return 0;
+    }
+    if (capture) capture->tasks.push_back(task);
     queue.push_back(std::move(task));
     seq = ++submitted;
     submitted_hint.store(seq, std::memory_order_release);
@@ -294,6 +302,20 @@ orError_t take_kernel_error(const char* call, const StreamRef& s) {
               "failed: %s", call, s->device, error.c_str());
 }
 
+// With `s`'s mutex held: fails `call` if `s` is capturing, and invalidates
+// the capture (orStreamEndCapture names the first refused call).
+orError_t refuse_while_capturing(const char* call, orStream* s, const char* why) {
+  // Mutant capture-permits-waits: waits run at once, on work that has not run.
+  if (!s->capture || mutant::is("capture-permits-waits")) return orSuccess;
+  char message[512];
+  std::snprintf(message, sizeof(message), "%s on a stream of device %d that is capturing a graph: %s",
+                call, s->device, why);
+  if (s->capture->invalidated.empty()) s->capture->invalidated = message;
+  return fail(orErrorNotPermitted, "%s (the capture is now invalid; end it and capture again)", message);
+}
+
+constexpr const char* kWaitsForWork = "it waits for the stream's work, which only runs when the graph is launched";
+
 }  // namespace
 
 orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s,
@@ -304,6 +326,7 @@ orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s,
   bool run_here;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t e = refuse_while_capturing(call, s.get(), kWaitsForWork)) return e;
     // Idle: nothing queued, nothing running (an inline task counts as
     // submitted until it completes). Mutant stream-sync-launch-ignores-queue:
     // only the queue is looked at, so the work overtakes a running task.
@@ -376,6 +399,10 @@ orError_t orStreamDestroy(orStream_t stream) {
     return fail(orErrorNotPermitted, "%s: the default stream of device %d "
                 "cannot be destroyed", call, s->device);
   }
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t e = refuse_while_capturing(call, s.get(), "end the capture first")) return e;
+  }
   if (tls_kernel_device >= 0) {
     return fail(orErrorNotPermitted, "%s: kernels may not destroy streams", call);
   }
@@ -437,6 +464,7 @@ orError_t orStreamQuery(orStream_t stream) {
   bool done;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t e = refuse_while_capturing(call, s.get(), kWaitsForWork)) return e;
     // Mutant query-done-while-last-task-runs: only the queue is looked at.
     done = mutant::is("query-done-while-last-task-runs") ? s->queue.empty() : s->completed == s->submitted;
   }
@@ -454,6 +482,7 @@ orError_t orStreamSynchronize(orStream_t stream) {
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t e = refuse_while_capturing(call, s.get(), kWaitsForWork)) return e;
     target = s->submitted;
   }
   s->wait_for(target);
@@ -481,6 +510,21 @@ orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg) {
   return orSuccess;
 }
 
+orError_t orLaunchKernelOwned(orStream_t stream, orKernelFn fn, void* arg, orReleaseFn release) {
+  const char* call = "orLaunchKernelOwned";
+  if (!fn) return fail(orErrorInvalidValue, "%s: fn is null", call);
+  if (!release) return fail(orErrorInvalidValue, "%s: release is null", call);
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  g_kernels.fetch_add(1, std::memory_order_relaxed);
+  // The task (and, once captured, the graph and each launch of it) shares
+  // the argument; the last of them releases it.
+  std::shared_ptr<void> owned(arg, release);
+  std::function<orError_t()> work = host_kernel_work(s, fn, arg);
+  s->enqueue({[work = std::move(work), owned = std::move(owned)]() { return work(); }, nullptr});
+  return orSuccess;
+}
+
 orError_t orStreamWaitValue32(orStream_t stream, const uint32_t* address, uint32_t value) {
   const char* call = "orStreamWaitValue32";
   if (!address) return fail(orErrorInvalidValue, "%s: address is null", call);
@@ -502,7 +546,7 @@ orError_t orStreamWaitValue32(orStream_t stream, const uint32_t* address, uint32
                 }
                 return orSuccess;
               },
-              nullptr});
+              nullptr, "wait value"});
   return orSuccess;
 }
 
@@ -519,7 +563,7 @@ orError_t orStreamWriteValue32(orStream_t stream, uint32_t* address, uint32_t va
                 reinterpret_cast<std::atomic<uint32_t>*>(address)->store(value, std::memory_order_release);
                 return orSuccess;
               },
-              nullptr});
+              nullptr, "write value"});
   return orSuccess;
 }
 
@@ -645,6 +689,13 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
     return fail(orErrorDeviceMismatch, "%s: the event belongs to device %d but "
                 "the stream belongs to device %d", call, e->device, s->device);
   }
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t r = refuse_while_capturing(call, s.get(),
+            "events record work that runs now, and captured work only runs when the graph is launched")) {
+      return r;
+    }
+  }
   auto marker = std::make_shared<Marker>();
   std::lock_guard<std::mutex> lock(e->mutex);
   e->seq = s->enqueue({{}, marker});
@@ -693,6 +744,13 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
     producer = e->stream;
     seq = e->seq;
   }
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (orError_t r = refuse_while_capturing(call, s.get(),
+            "a graph cannot depend on work outside its capture")) {
+      return r;
+    }
+  }
   if (!producer || producer == s) return orSuccess;  // FIFO already orders it
   // Waits only reference work submitted before this call, so waits between
   // streams can never form a cycle. The task keeps the producer alive.
@@ -700,7 +758,7 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
                 producer->wait_for(seq);
                 return orSuccess;
               },
-              nullptr});
+              nullptr, "wait for event"});
   return orSuccess;
 }
 
@@ -738,6 +796,146 @@ orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
                 "completed; synchronize first", call);
   }
   *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  return orSuccess;
+}
+
+}  // extern "C"
+
+// ----------------------------------------------------------------- graphs
+
+namespace {
+
+orError_t resolve_graph(const char* call, orGraph_t graph, std::shared_ptr<orGraph>* out) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = graph ? r.graphs.find(graph) : r.graphs.end();
+  if (it == r.graphs.end()) {
+    return fail(orErrorInvalidHandle, "%s: graph=%p is not a live OpenReg graph (destroyed or never made)",
+                call, static_cast<void*>(graph));
+  }
+  *out = it->second;
+  return orSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orStreamBeginCapture(orStream_t stream) {
+  const char* call = "orStreamBeginCapture";
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (tls_kernel_device >= 0) return fail(orErrorNotPermitted, "%s: kernels may not capture", call);
+  if (s->is_default) {
+    return fail(orErrorNotPermitted, "%s: the default stream of device %d cannot capture; capture on a "
+                "stream made by orStreamCreate", call, s->device);
+  }
+  std::lock_guard<std::mutex> lock(s->mutex);
+  if (s->capture) {
+    return fail(orErrorNotPermitted, "%s: the stream is already capturing; end that capture first", call);
+  }
+  s->capture = std::make_unique<Capture>();
+  return orSuccess;
+}
+
+orError_t orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
+  const char* call = "orStreamEndCapture";
+  if (!graph) return fail(orErrorInvalidValue, "%s: graph is null", call);
+  *graph = nullptr;
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  std::unique_ptr<Capture> capture;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    capture = std::move(s->capture);
+  }
+  if (!capture) {
+    return fail(orErrorNotPermitted, "%s: the stream is not capturing (no orStreamBeginCapture)", call);
+  }
+  if (!capture->invalidated.empty()) {
+    return fail(orErrorNotPermitted, "%s: the capture was invalidated by a call it cannot record: %s", call,
+                capture->invalidated.c_str());
+  }
+  auto g = std::make_shared<orGraph>();
+  g->device = s->device;
+  g->tasks = std::move(capture->tasks);
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.graphs.emplace(g.get(), g);
+  *graph = g.get();
+  return orSuccess;
+}
+
+orError_t orStreamIsCapturing(orStream_t stream, int* capturing) {
+  const char* call = "orStreamIsCapturing";
+  if (!capturing) return fail(orErrorInvalidValue, "%s: capturing is null", call);
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s, /*allow_lost=*/true)) return e;
+  std::lock_guard<std::mutex> lock(s->mutex);
+  *capturing = s->capture ? 1 : 0;
+  return orSuccess;
+}
+
+orError_t orGraphLaunch(orGraph_t graph, orStream_t stream) {
+  const char* call = "orGraphLaunch";
+  std::shared_ptr<orGraph> g;
+  if (orError_t e = resolve_graph(call, graph, &g)) return e;
+  StreamRef s;
+  if (orError_t e = resolve_stream(call, stream, &s)) return e;
+  if (s->device != g->device) {
+    return fail(orErrorDeviceMismatch, "%s: the graph was captured on device %d but the stream belongs "
+                "to device %d", call, g->device, s->device);
+  }
+  // Each launch queues copies of the tasks: they share what the graph holds.
+  if (mutant::is("graph-launch-reversed")) {
+    for (auto it = g->tasks.rbegin(); it != g->tasks.rend(); ++it) s->enqueue(*it);
+    return orSuccess;
+  }
+  for (const Task& task : g->tasks) s->enqueue(task);
+  return orSuccess;
+}
+
+orError_t orGraphDestroy(orGraph_t graph) {
+  std::shared_ptr<orGraph> g;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = graph ? r.graphs.find(graph) : r.graphs.end();
+    if (it == r.graphs.end()) {
+      return fail(orErrorInvalidHandle, "orGraphDestroy: graph=%p is not a live OpenReg graph",
+                  static_cast<void*>(graph));
+    }
+    g = std::move(it->second);
+    r.graphs.erase(it);
+  }
+  g->magic.store(0);
+  return orSuccess;
+}
+
+orError_t orGraphGetNodeCount(orGraph_t graph, size_t* count) {
+  if (!count) return fail(orErrorInvalidValue, "orGraphGetNodeCount: count is null");
+  std::shared_ptr<orGraph> g;
+  if (orError_t e = resolve_graph("orGraphGetNodeCount", graph, &g)) return e;
+  *count = g->tasks.size();
+  return orSuccess;
+}
+
+orError_t orGraphDebugDotPrint(orGraph_t graph, const char* path) {
+  const char* call = "orGraphDebugDotPrint";
+  if (!path) return fail(orErrorInvalidValue, "%s: path is null", call);
+  std::shared_ptr<orGraph> g;
+  if (orError_t e = resolve_graph(call, graph, &g)) return e;
+  FILE* f = std::fopen(path, "w");
+  if (!f) return fail(orErrorInvalidValue, "%s: cannot write path=%s: %s", call, path, std::strerror(errno));
+  std::fprintf(f, "digraph openreg_graph {\n  label=\"OpenReg graph of device %d: %zu operations\";\n",
+               g->device, g->tasks.size());
+  for (size_t i = 0; i < g->tasks.size(); ++i) {
+    std::fprintf(f, "  n%zu [label=\"%zu: %s\"];\n", i, i, g->tasks[i].what);
+    if (i > 0) std::fprintf(f, "  n%zu -> n%zu;\n", i - 1, i);
+  }
+  std::fprintf(f, "}\n");
+  const bool ok = std::fclose(f) == 0;
+  if (!ok) return fail(orErrorInvalidValue, "%s: cannot write path=%s", call, path);
   return orSuccess;
 }
 

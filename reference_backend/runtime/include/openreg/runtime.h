@@ -191,6 +191,15 @@ OR_API orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* arg);
 // any thread while it runs waits for it, as it would behind a queued kernel.
 // Kernels may not call it (orErrorNotPermitted).
 OR_API orError_t orLaunchKernelSync(orStream_t stream, orKernelFn fn, void* arg);
+// orLaunchKernel's `arg` is borrowed: it must stay valid until the kernel
+// ran (when captured into a graph, until the graph is destroyed).
+// orLaunchKernelOwned hands `arg` to the runtime instead, which calls
+// `release(arg)` once nothing can run the kernel anymore: after it ran, or
+// when the graph that captured it is destroyed (and its launches ran). On
+// failure `arg` stays the caller's.
+typedef void (*orReleaseFn)(void* arg);
+OR_API orError_t orLaunchKernelOwned(orStream_t stream, orKernelFn fn, void* arg,
+                                     orReleaseFn release);
 // Inside a kernel: an accessible alias for `count` bytes at a device pointer.
 // Fails unless the caller is a kernel running on a stream of the device that
 // owns the memory, and the range lies inside one allocation.
@@ -267,6 +276,44 @@ OR_API orError_t orEventSynchronize(orEvent_t event);
 OR_API orError_t orEventGetDevice(orEvent_t event, int* device);
 // Milliseconds between two completed, timing-enabled events of one device.
 OR_API orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+// ----------------------------------------------------------------- graphs
+// Stream capture, as CUDA's cudaStreamBeginCapture / cudaGraphLaunch: between
+// orStreamBeginCapture and orStreamEndCapture, the asynchronous work launched
+// on the stream (kernels, module kernels, asynchronous copies and memsets,
+// stream memory operations) is recorded into a graph instead of running.
+// orGraphLaunch queues the recorded work, in capture order, on a stream of the
+// graph's device, as often as wanted; the graph holds what its work needs
+// (parameter blocks, the arguments of orLaunchKernelOwned) until it is
+// destroyed. Device and host memory the work reads or writes is used at each
+// launch, at the addresses it had during capture: keeping it allocated is the
+// caller's part.
+//  * The default stream cannot capture (orErrorNotPermitted), as on CUDA.
+//  * Calls that need the capturing stream's work to have run, or that would
+//    make it depend on work outside the capture, fail with
+//    orErrorNotPermitted and invalidate the capture: orLaunchKernelSync,
+//    orMemcpySync, orStreamSynchronize, orStreamQuery, orEventRecord and
+//    orStreamWaitEvent on the capturing stream, and orStreamDestroy of it.
+//    orStreamEndCapture then fails (naming the first such call) and ends the
+//    capture without a graph.
+//  * Capture is per stream: other streams, allocation and the other devices
+//    work as usual meanwhile, from any thread.
+typedef struct orGraph* orGraph_t;
+OR_API orError_t orStreamBeginCapture(orStream_t stream);
+OR_API orError_t orStreamEndCapture(orStream_t stream, orGraph_t* graph);
+// `capturing` is 1 between orStreamBeginCapture and orStreamEndCapture.
+OR_API orError_t orStreamIsCapturing(orStream_t stream, int* capturing);
+// Queues the graph's work on `stream` (a stream of the graph's device; on a
+// capturing stream, the work is captured again) and returns at once.
+OR_API orError_t orGraphLaunch(orGraph_t graph, orStream_t stream);
+// Launches already queued keep what they need: destroying a graph never
+// waits for them.
+OR_API orError_t orGraphDestroy(orGraph_t graph);
+// How many operations the graph records.
+OR_API orError_t orGraphGetNodeCount(orGraph_t graph, size_t* count);
+// Writes the graph as Graphviz DOT to the file at `path`: its operations, in
+// the order they run.
+OR_API orError_t orGraphDebugDotPrint(orGraph_t graph, const char* path);
 
 // ------------------------------------------------------------ device loss
 // Loses `device`, as a device that faults or falls off the bus: from now on
