@@ -1082,3 +1082,205 @@ TEST_F(StreamMemoryOpsTest, RejectsBadArgumentsAtTheCall) {
 
 }  // namespace
 }  // namespace openreg_test
+
+// ------------------------------------------------------------------ graphs
+
+namespace openreg_test {
+namespace {
+
+class GraphTest : public RuntimeTest {};
+
+// A kernel that appends `value` to `log` (host memory), owned by the runtime.
+struct Append {
+  std::vector<int>* log;
+  int value;
+  std::atomic<int>* released;
+};
+
+orError_t LaunchAppend(orStream_t stream, std::vector<int>* log, int value, std::atomic<int>* released) {
+  return orLaunchKernelOwned(
+      stream,
+      [](void* arg) -> orError_t {
+        auto* a = static_cast<Append*>(arg);
+        a->log->push_back(a->value);
+        return orSuccess;
+      },
+      new Append{log, value, released},
+      [](void* arg) {
+        auto* a = static_cast<Append*>(arg);
+        if (a->released) a->released->fetch_add(1);
+        delete a;
+      });
+}
+
+int IsCapturing(orStream_t stream) {
+  int capturing = -1;
+  EXPECT_EQ(orStreamIsCapturing(stream, &capturing), orSuccess) << orGetLastErrorMessage();
+  return capturing;
+}
+
+TEST_F(GraphTest, CaptureRecordsWorkAndEachLaunchRunsItInOrder) {
+  orStream_t capture = NewStream();
+  orStream_t replay = NewStream();
+  std::vector<int> log;
+  EXPECT_EQ(IsCapturing(capture), 0);
+  ASSERT_OK(orStreamBeginCapture(capture));
+  EXPECT_EQ(IsCapturing(capture), 1);
+  EXPECT_EQ(IsCapturing(replay), 0);
+  for (int value : {1, 2, 3}) ASSERT_OK(LaunchAppend(capture, &log, value, nullptr));
+  orGraph_t graph = nullptr;
+  ASSERT_OK(orStreamEndCapture(capture, &graph));
+  EXPECT_EQ(IsCapturing(capture), 0);
+  ASSERT_OK(orStreamSynchronize(capture));
+  EXPECT_TRUE(log.empty()) << "captured work ran during the capture";
+  size_t nodes = 0;
+  ASSERT_OK(orGraphGetNodeCount(graph, &nodes));
+  EXPECT_EQ(nodes, 3u);
+  ASSERT_OK(orGraphLaunch(graph, replay));
+  ASSERT_OK(orGraphLaunch(graph, capture));
+  ASSERT_OK(orStreamSynchronize(replay));
+  ASSERT_OK(orStreamSynchronize(capture));
+  EXPECT_EQ(log, (std::vector<int>{1, 2, 3, 1, 2, 3}));
+  EXPECT_OK(orGraphDestroy(graph));
+  EXPECT_OK(orStreamDestroy(capture));
+  EXPECT_OK(orStreamDestroy(replay));
+}
+
+TEST_F(GraphTest, ALaunchIsOrderedAfterTheStreamsEarlierWork) {
+  orStream_t capture = NewStream();
+  orStream_t replay = NewStream();
+  std::vector<int> log;
+  ASSERT_OK(orStreamBeginCapture(capture));
+  ASSERT_OK(LaunchAppend(capture, &log, 2, nullptr));
+  orGraph_t graph = nullptr;
+  ASSERT_OK(orStreamEndCapture(capture, &graph));
+  uint32_t gate = 0;
+  ASSERT_OK(orStreamWaitValue32(replay, &gate, 1));
+  ASSERT_OK(LaunchAppend(replay, &log, 1, nullptr));
+  ASSERT_OK(orGraphLaunch(graph, replay));
+  EXPECT_EQ(orStreamQuery(replay), orErrorNotReady);
+  __atomic_store_n(&gate, 1u, __ATOMIC_RELEASE);
+  ASSERT_OK(orStreamSynchronize(replay));
+  EXPECT_EQ(log, (std::vector<int>{1, 2}));
+  EXPECT_OK(orGraphDestroy(graph));
+  EXPECT_OK(orStreamDestroy(capture));
+  EXPECT_OK(orStreamDestroy(replay));
+}
+
+TEST_F(GraphTest, CallsThatWaitForTheCapturingStreamFailAndInvalidateTheCapture) {
+  orStream_t stream = NewStream();
+  int value = 0;
+  void* device = nullptr;
+  ASSERT_OK(orMalloc(&device, sizeof(int)));
+  orEvent_t event = nullptr;
+  ASSERT_OK(orEventCreate(&event));
+  ASSERT_OK(orStreamBeginCapture(stream));
+  EXPECT_FAILS(orStreamSynchronize(stream), orErrorNotPermitted, "orStreamSynchronize", "capturing");
+  EXPECT_FAILS(orStreamQuery(stream), orErrorNotPermitted, "orStreamQuery", "capturing");
+  EXPECT_FAILS(orMemcpySync(&value, device, sizeof(int), orMemcpyDeviceToHost, stream), orErrorNotPermitted,
+               "orMemcpySync");
+  EXPECT_FAILS(orEventRecord(event, stream), orErrorNotPermitted, "orEventRecord");
+  EXPECT_FAILS(orStreamWaitEvent(stream, event), orErrorNotPermitted, "orStreamWaitEvent");
+  EXPECT_FAILS(orStreamDestroy(stream), orErrorNotPermitted, "orStreamDestroy");
+  orGraph_t graph = nullptr;
+  EXPECT_FAILS(orStreamEndCapture(stream, &graph), orErrorNotPermitted, "invalidated", "orStreamSynchronize");
+  EXPECT_EQ(graph, nullptr);
+  EXPECT_EQ(IsCapturing(stream), 0);
+  EXPECT_OK(orMemcpySync(&value, device, sizeof(int), orMemcpyDeviceToHost, stream));  // usable again
+  EXPECT_OK(orEventDestroy(event));
+  EXPECT_OK(orFree(device));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(GraphTest, RejectsBadArgumentsAtTheCall) {
+  orStream_t default_stream = nullptr;
+  ASSERT_OK(orStreamGetDefault(0, &default_stream));
+  EXPECT_FAILS(orStreamBeginCapture(default_stream), orErrorNotPermitted, "orStreamBeginCapture", "default stream");
+  EXPECT_FAILS(orStreamBeginCapture(nullptr), orErrorNotPermitted, "default stream");
+  orStream_t stream = NewStream();
+  orGraph_t graph = nullptr;
+  EXPECT_FAILS(orStreamEndCapture(stream, &graph), orErrorNotPermitted, "orStreamEndCapture", "not capturing");
+  EXPECT_FAILS(orStreamEndCapture(stream, nullptr), orErrorInvalidValue, "graph is null");
+  ASSERT_OK(orStreamBeginCapture(stream));
+  EXPECT_FAILS(orStreamBeginCapture(stream), orErrorNotPermitted, "already capturing");
+  ASSERT_OK(orStreamEndCapture(stream, &graph));
+  ASSERT_NE(graph, nullptr);
+  EXPECT_FAILS(orStreamIsCapturing(stream, nullptr), orErrorInvalidValue, "capturing is null");
+  EXPECT_FAILS(orGraphGetNodeCount(graph, nullptr), orErrorInvalidValue, "count is null");
+  EXPECT_FAILS(orGraphDebugDotPrint(graph, nullptr), orErrorInvalidValue, "path is null");
+  EXPECT_FAILS(orGraphDebugDotPrint(graph, "/nonexistent-dir/graph.dot"), orErrorInvalidValue, "path=");
+  EXPECT_OK(orGraphDestroy(graph));
+  EXPECT_FAILS(orGraphLaunch(graph, stream), orErrorInvalidHandle, "orGraphLaunch", "not a live OpenReg graph");
+  EXPECT_FAILS(orGraphDestroy(graph), orErrorInvalidHandle, "orGraphDestroy");
+  EXPECT_FAILS(orLaunchKernelOwned(stream, nullptr, nullptr, [](void*) {}), orErrorInvalidValue, "fn is null");
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(GraphTest, LaunchesOnAnotherDeviceAreRejected) {
+  REQUIRE_DEVICES(2);
+  orStream_t stream = NewStream();
+  ASSERT_OK(orStreamBeginCapture(stream));
+  orGraph_t graph = nullptr;
+  ASSERT_OK(orStreamEndCapture(stream, &graph));
+  ASSERT_OK(orSetDevice(1));
+  orStream_t other = NewStream();
+  EXPECT_FAILS(orGraphLaunch(graph, other), orErrorDeviceMismatch, "captured on device 0", "device 1");
+  EXPECT_OK(orStreamDestroy(other));
+  ASSERT_OK(orSetDevice(0));
+  EXPECT_OK(orGraphDestroy(graph));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(GraphTest, OwnedArgumentsAreReleasedOnceNothingCanRunThem) {
+  orStream_t stream = NewStream();
+  std::vector<int> log;
+  std::atomic<int> released{0};
+  ASSERT_OK(LaunchAppend(stream, &log, 7, &released));
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(released.load(), 1) << "an uncaptured kernel's argument is released after it ran";
+  ASSERT_OK(orStreamBeginCapture(stream));
+  ASSERT_OK(LaunchAppend(stream, &log, 8, &released));
+  orGraph_t graph = nullptr;
+  ASSERT_OK(orStreamEndCapture(stream, &graph));
+  ASSERT_OK(orGraphLaunch(graph, stream));
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(released.load(), 1) << "the graph still holds the captured kernel's argument";
+  ASSERT_OK(orGraphLaunch(graph, stream));
+  EXPECT_OK(orGraphDestroy(graph));  // the queued launch keeps the argument
+  ASSERT_OK(orStreamSynchronize(stream));
+  EXPECT_EQ(log, (std::vector<int>{7, 8, 8}));
+  EXPECT_EQ(released.load(), 2);
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(GraphTest, DotPrintListsTheOperationsInOrder) {
+  orStream_t stream = NewStream();
+  void* device = nullptr;
+  ASSERT_OK(orMalloc(&device, 64));
+  ASSERT_OK(orStreamBeginCapture(stream));
+  ASSERT_OK(orMemsetAsync(device, 0, 64, stream));
+  ASSERT_OK(LaunchAppend(stream, nullptr, 0, nullptr));
+  orGraph_t graph = nullptr;
+  ASSERT_OK(orStreamEndCapture(stream, &graph));
+  char path[] = "/tmp/openreg-graph-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  ASSERT_OK(orGraphDebugDotPrint(graph, path));
+  std::FILE* f = std::fopen(path, "r");
+  ASSERT_NE(f, nullptr);
+  std::string text(4096, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  std::remove(path);
+  EXPECT_NE(text.find("digraph"), std::string::npos) << text;
+  EXPECT_NE(text.find("0: memset"), std::string::npos) << text;
+  EXPECT_NE(text.find("1: kernel"), std::string::npos) << text;
+  EXPECT_NE(text.find("n0 -> n1"), std::string::npos) << text;
+  EXPECT_OK(orGraphDestroy(graph));  // never launched: the kernel never runs
+  EXPECT_OK(orFree(device));
+  EXPECT_OK(orStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace openreg_test
