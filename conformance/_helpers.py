@@ -12,7 +12,11 @@ Tests of one contract need neither.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -246,3 +250,36 @@ def initialized_by(contract: str, call: Callable[[], Any], what: str, mod, cxx, 
     check(contract, not became and not new,
           lambda: f"{what} initialized the backend: before the call {before}; after it {after}")
     return result
+
+
+# A new interpreter that imports torch and the backend takes seconds; one
+# that has not answered after this long hangs.
+NEW_INTERPRETER_TIMEOUT_S = 300
+
+
+def answer_in_new_interpreter(clause: str, script: str, module_name: str, what: str) -> dict:
+    """Run `script` (which gets the backend's module name as sys.argv[1]) in
+    a new interpreter and return the JSON it printed last on a line starting
+    with "ANSWER ". A failure, a hang or no answer violates `clause`, with
+    `what` the script's work and the interpreter's stderr. Runs in an empty
+    folder: the working directory may hold the backend's source tree, which
+    `-c` would import instead of the installed package."""
+    __tracebackhide__ = True
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            result = subprocess.run([sys.executable, "-c", script, module_name], capture_output=True, text=True,
+                                    cwd=folder, timeout=NEW_INTERPRETER_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            check(clause, False, f"in a new interpreter, {what} did not finish within {NEW_INTERPRETER_TIMEOUT_S} s: "
+                                 f"{stderr[-1500:]}")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ANSWER ")]
+    check(clause, result.returncode == 0 and lines,
+          lambda: f"in a new interpreter, {what} failed (exit status {result.returncode}): {result.stderr[-1500:]}")
+    return json.loads(lines[-1][len("ANSWER "):])
+
+
+def spellings(dt: str, index: int) -> tuple:
+    """The ways a device argument names device `index`: the index, the string
+    and the torch.device (PyTorch's _device_t)."""
+    return (index, f"{dt}:{index}", torch.device(dt, index))

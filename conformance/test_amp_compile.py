@@ -7,17 +7,13 @@ claim them gets not-claimed, without blocking its level.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ._helpers import check, inconclusive, must, scope
+from ._helpers import answer_in_new_interpreter, check, inconclusive, must, scope
 from ._async import SCALES, Load, check_producer_consumer, hold, new_stream, unobserved, waited
 
 contract = pytest.mark.contract
@@ -272,15 +268,10 @@ print("ANSWER " + json.dumps({"is_gpu": repr(get_interface_for_device(name).is_g
 @contract("DI-IFACE-002")
 def test_device_interface_answers_device_class_questions(dt, mod, n, unclaimed, backend):
     # decides DI-IFACE-002.1
-    with scope("DI-IFACE-002.1"), tempfile.TemporaryDirectory() as folder:
-        # (in an empty folder: the working directory may hold the backend's sources)
-        fresh = subprocess.run([sys.executable, "-c", _GPU_CLASS_IN_A_NEW_INTERPRETER, backend.module_name],
-                               capture_output=True, text=True, cwd=folder)
-    lines = [line for line in fresh.stdout.splitlines() if line.startswith("ANSWER ")]
-    check("DI-IFACE-002.1", fresh.returncode == 0 and lines,
-          lambda: f"in a new interpreter, importing torch, the backend and Inductor's compiler and asking the "
-                  f"DeviceInterface's is_gpu() failed (exit status {fresh.returncode}): {fresh.stderr[-1500:]}")
-    answer = json.loads(lines[-1][len("ANSWER "):])
+    with scope("DI-IFACE-002.1"):
+        answer = answer_in_new_interpreter("DI-IFACE-002.1", _GPU_CLASS_IN_A_NEW_INTERPRETER, backend.module_name,
+                                           "importing torch, the backend and Inductor's compiler and asking the "
+                                           "DeviceInterface's is_gpu()")
     check("DI-IFACE-002.1", answer["is_gpu"] in ("True", "False") and (answer["is_gpu"] == "True") ==
           answer["inductor"],
           f"in a new interpreter (import torch, the backend, then Inductor's compiler, as a first torch.compile "

@@ -8,17 +8,13 @@ clause 2 of DM-SET-001; conformance/contracts.toml lists them)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
 import threading
 
 import pytest
 import torch
 
-from ._helpers import (check, expect_current, in_thread, inconclusive, initialized_by, must, must_raise, names_number,
-                       names_range, rejects_index, scope)
+from ._helpers import (answer_in_new_interpreter, check, expect_current, in_thread, inconclusive, initialized_by, must,
+                       must_raise, names_number, names_range, rejects_index, scope)
 
 contract = pytest.mark.contract
 
@@ -155,17 +151,9 @@ def test_import_and_queries_create_no_context_in_a_new_interpreter(backend):
     """Observed in a newly started interpreter, not a forked child: a backend
     that creates device contexts while it loads or counts devices must be seen
     doing so (a forked child of an initialized parent may report otherwise)."""
-    with scope("DM-COUNT-003.3"), tempfile.TemporaryDirectory() as folder:
-        # (run in an empty folder: the working directory may hold the
-        # backend's source tree, which `-c` would import instead of the
-        # installed package)
-        result = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, backend.module_name],
-                                capture_output=True, text=True, cwd=folder)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("ANSWER ")]
-    check("DM-COUNT-003.3", result.returncode == 0 and lines,
-          lambda: f"importing the backend and calling device_count()/is_available() in a new interpreter failed "
-                  f"(exit status {result.returncode}): {result.stderr[-1500:]}")
-    answer = json.loads(lines[-1][len("ANSWER "):])
+    with scope("DM-COUNT-003.3"):
+        answer = answer_in_new_interpreter("DM-COUNT-003.3", _FRESH_PROCESS, backend.module_name,
+                                           "importing the backend and calling device_count()/is_available()")
     imported, count = answer["imported"], answer["count"]
     if imported and len(imported) == count:
         # True for every device right after the import: a hook that answers

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from ._helpers import check, inconclusive, must
+from ._helpers import check, inconclusive, must, spellings
 
 contract = pytest.mark.contract
 
@@ -203,7 +203,7 @@ def test_module_rng_state_of_another_device(mod, dt, n, two_devices):
     last = n - 1
     torch.manual_seed(6)
     mod.set_device(0)
-    for spelling in (last, f"{dt}:{last}", torch.device(dt, last)):
+    for spelling in spellings(dt, last):
         state = must(lambda: get_state(spelling), f"get_rng_state({spelling!r})")
         check_state_tensor(state, f"get_rng_state({spelling!r})")
         state_0 = get_state(0)
@@ -470,7 +470,7 @@ def test_accelerator_initial_seed(mod, dt, n, cxx):
               f"with device {current} (seeded {6100 + current}) current, torch.accelerator.random.initial_seed() "
               f"is {seen}")
         for i in range(n):
-            for spelling in (i, f"{dt}:{i}", torch.device(dt, i)):
+            for spelling in spellings(dt, i):
                 seen = must(lambda spelling=spelling: random.initial_seed(spelling),
                             f"torch.accelerator.random.initial_seed({spelling!r})")
                 check("RG-ACCEL-001.1", seen == 6100 + i == default_generator(cxx, i).initial_seed(),
@@ -499,7 +499,7 @@ def test_accelerator_rng_state(mod, dt, n):
               f"with device {current} current, torch.accelerator.random.get_rng_state() differs from the module's "
               f"get_rng_state({current})")
         for i in range(n):
-            for spelling in (i, f"{dt}:{i}", torch.device(dt, i)):
+            for spelling in spellings(dt, i):
                 state = must(lambda spelling=spelling: random.get_rng_state(spelling),
                              f"torch.accelerator.random.get_rng_state({spelling!r})")
                 check_state_tensor(state, f"torch.accelerator.random.get_rng_state({spelling!r})")

@@ -444,6 +444,34 @@ def test_non_blocking_device_to_host(dt, backend):
         unobserved(backend, "MM-COPY-001.3", "a device temporary freed and reused while its copy to the host was queued")
 
 
+@contract("MM-COPY-001")
+@pytest.mark.exclusive
+def test_empty_host_cache_keeps_pinned_blocks_of_queued_copies(dt, backend):
+    expected = torch.arange(N, dtype=torch.float32) - 5
+    load = Load(dt, 0)
+    stream = torch.accelerator.current_stream(0)
+    for scale in SCALES:
+        # Long work, never the gate: empty_host_cache may wait for the copy
+        # while holding the interpreter's lock.
+        with hold(backend, stream, load, scale, gate=False) as held:
+            with scope("MM-COPY-001.4"):
+                dst = must(lambda: expected.pin_memory().to(dt, non_blocking=True),
+                           "x.pin_memory().to(device, non_blocking=True)")
+                pending = held.pending()  # (the copy was queued behind work still running)
+                must(torch.accelerator.empty_host_cache, "torch.accelerator.empty_host_cache()")
+                reuse = torch.empty(N, dtype=torch.float32, pin_memory=True)
+                reuse.fill_(-7.0)
+        must(A.synchronize, "torch.accelerator.synchronize()")
+        check("MM-COPY-001.4", torch.equal(dst.cpu(), expected),
+              "a non_blocking copy from a pinned tensor freed right after the call read overwritten memory after "
+              "torch.accelerator.empty_host_cache(): emptying the host cache must keep (or wait for) blocks whose "
+              "queued copies have not run", observed=pending)
+        if pending:
+            return
+    unobserved(backend, "MM-COPY-001.4", "torch.accelerator.empty_host_cache() while a copy from a freed pinned "
+                                         "block was queued")
+
+
 COPY_CASES = {
     "pageable to the device": ("MM-COPY-002.1", torch.float32, torch.float32),
     "pageable to the device, float64 to float32": ("MM-COPY-002.2", torch.float64, torch.float32),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ._async import SCALES, Load, hold, new_stream, unobserved, waited
-from ._helpers import check, in_thread, inconclusive, must, must_raise, scope
+from ._helpers import check, in_thread, inconclusive, must, must_raise, scope, spellings
 
 contract = pytest.mark.contract
 
@@ -642,7 +642,7 @@ def test_generated_tensor_and_module_methods(dt, n, mod):
     assert getattr(moved, dt)().data_ptr() == moved.data_ptr(), \
         f"Tensor.{dt}() copied a tensor already on the current device"
     for j in reversed(range(n)):
-        for form in (j, f"{dt}:{j}", torch.device(dt, j)):
+        for form in spellings(dt, j):
             t = must(lambda: getattr(cpu, dt)(form), f"Tensor.{dt}({form!r})")
             assert t.device == torch.device(dt, j), f"Tensor.{dt}({form!r}) landed on {t.device}"
             assert getattr(t, f"is_{dt}") is True

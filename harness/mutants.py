@@ -36,6 +36,7 @@ generated from the registry and that matrix (render_table / splice).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -268,8 +269,10 @@ def report_torch(report: dict) -> str:
     return str((report.get("provenance") or {}).get("torch_version", ""))
 
 
+@functools.lru_cache(maxsize=None)
 def interpreter_torch(python: str) -> str:
-    """The torch version of the interpreter `python` ("" if it has none)."""
+    """The torch version of the interpreter `python` ("" if it has none),
+    asked once per run (the matrix and each configuration need it)."""
     try:
         return subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                               text=True, timeout=300, check=True).stdout.strip()

@@ -530,7 +530,16 @@ class OpenRegHostAllocator final : public at::HostAllocator {
     return true;
   }
 
-  void empty_cache() override { reclaim(/*wait=*/true); }
+  void empty_cache() override {
+    // Mutant empty-host-cache-frees-in-use: freed blocks go back to the runtime with their copies still queued.
+    if (mutant::is("empty-host-cache-frees-in-use")) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (HostBlock* block : deferred_) release(block);
+      deferred_.clear();
+      return;
+    }
+    reclaim(/*wait=*/true);
+  }
 
   at::HostStats get_stats() override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -65,6 +65,7 @@ const std::vector<std::string>& known() {
       "empty-cache-frees-graph-pool",
       "empty-cache-frees-in-use",
       "empty-cache-keeps-cache",
+      "empty-host-cache-frees-in-use",
       "empty-ignores-memory-format",
       "event-complete-before-work",
       "event-destroy-leaks",
