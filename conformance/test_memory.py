@@ -22,7 +22,7 @@ import torch
 from privateuse1_conformance.harness.evidence import not_applicable
 
 from ._async import RELEASE_DELAY, SCALES, Load, hold, new_stream, unobserved, waited
-from ._helpers import check, inconclusive, initialized_by, must, must_raise, require_allocator, scope
+from ._helpers import check, inconclusive, initialized_by, must, must_raise, require_allocator, scope, spellings
 
 contract = pytest.mark.contract
 
@@ -541,6 +541,81 @@ def test_non_blocking_copy_to_pageable_memory_with_conversion(dt, backend):
 
 
 # ------------------------------------------------------------------- OOM
+
+
+FRACTION_CLAUSES = ("MM-FRAC-001.1", "MM-FRAC-001.2", "MM-FRAC-001.3")
+
+
+@contract("MM-FRAC-001")
+@pytest.mark.exclusive
+def test_per_process_memory_fraction(dt, mod, n):
+    set_fraction = getattr(mod, "set_per_process_memory_fraction", None)
+    get_fraction = getattr(mod, "get_per_process_memory_fraction", None)
+    if set_fraction is None or get_fraction is None:
+        for clause in FRACTION_CLAUSES:
+            not_applicable(clause, f"torch.{dt} offers no set_per_process_memory_fraction and "
+                                   "get_per_process_memory_fraction: the process's memory is not limited by fraction")
+        return
+    last = n - 1
+    try:
+        with scope("MM-FRAC-001.1"):
+            for i in sorted({0, last}):
+                seen = must(lambda i=i: get_fraction(i), f"get_per_process_memory_fraction({i})")
+                check("MM-FRAC-001.1", seen == 1.0,
+                      f"get_per_process_memory_fraction({i}) is {seen!r} before any fraction was set; expected 1.0")
+            for i in sorted({0, last}):
+                for k, spelling in enumerate(spellings(dt, i)):
+                    fraction = 0.5 + 0.125 * k + (0.0625 if i else 0.0)
+                    must(lambda: set_fraction(fraction, spelling),
+                         f"set_per_process_memory_fraction({fraction}, {spelling!r})")
+                    seen = must(lambda: get_fraction(spelling), f"get_per_process_memory_fraction({spelling!r})")
+                    check("MM-FRAC-001.1", seen == fraction,
+                          f"get_per_process_memory_fraction({spelling!r}) is {seen!r} after "
+                          f"set_per_process_memory_fraction({fraction}, {spelling!r})")
+                if last != i:
+                    other = last if i == 0 else 0
+                    seen = get_fraction(other)
+                    check("MM-FRAC-001.1", seen == 1.0,
+                          f"setting device {i}'s fraction changed device {other}'s to {seen!r}")
+                must(lambda: set_fraction(1.0, i), f"set_per_process_memory_fraction(1.0, {i})")
+
+        device = torch.device(dt, last)
+        free, total = must(lambda: A.get_memory_info(last), f"torch.accelerator.get_memory_info({last})")
+        A.empty_cache()
+        reserved = A.memory_reserved(last)
+        fraction = min(1.0, (reserved + 64 * MiB) / total)
+        if fraction >= 1.0 or free < 512 * MiB:
+            for clause in ("MM-FRAC-001.2",):
+                not_applicable(clause, f"device {last} has {free} bytes free of {total}: too little to set a limit "
+                                       "64 MiB above what the process reserves and allocate around it")
+        else:
+            with scope("MM-FRAC-001.2"):
+                must(lambda: set_fraction(fraction, last), f"set_per_process_memory_fraction({fraction}, {last})")
+                small = must(lambda: torch.empty(16 * MiB, dtype=torch.uint8, device=device),
+                             f"a 16 MiB allocation within the fraction {fraction} of device {last}")
+                must_raise(lambda: torch.empty(256 * MiB, dtype=torch.uint8, device=device),
+                           f"a 256 MiB allocation beyond set_per_process_memory_fraction({fraction}) (64 MiB above "
+                           f"the {reserved} bytes reserved of {total})", torch.OutOfMemoryError)
+                del small
+                must(lambda: set_fraction(1.0, last), f"set_per_process_memory_fraction(1.0, {last})")
+                big = must(lambda: torch.empty(256 * MiB, dtype=torch.uint8, device=device),
+                           "a 256 MiB allocation after the fraction was set back to 1.0")
+                del big
+
+        with scope("MM-FRAC-001.3"):
+            must(lambda: set_fraction(0.75, 0), "set_per_process_memory_fraction(0.75, 0)")
+            for bad in (-0.5, 1.5):
+                must_raise(lambda bad=bad: set_fraction(bad, 0), f"set_per_process_memory_fraction({bad}, 0)",
+                           (ValueError, RuntimeError), mentions=("fraction",))
+            seen = get_fraction(0)
+            check("MM-FRAC-001.3", seen == 0.75,
+                  f"after rejected fractions, get_per_process_memory_fraction(0) is {seen!r}, not the 0.75 set before")
+    finally:
+        for i in sorted({0, last}):
+            try:
+                set_fraction(1.0, i)
+            except Exception:  # noqa: BLE001 - the checks above report it
+                pass
 
 
 @contract("MM-OOM-001")

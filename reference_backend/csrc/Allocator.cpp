@@ -8,6 +8,7 @@
 
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +67,9 @@ struct DeviceCache {
   std::map<std::tuple<c10::MempoolId_t, c10::StreamId, size_t>, std::vector<Block*>> cached;
   // Streams capturing a graph, and the pool their allocations come from.
   std::vector<std::pair<c10::Stream, c10::MempoolId_t>> capturing;
+  // set_per_process_memory_fraction: reserved memory may not exceed this
+  // share of the device's memory (1: all of it).
+  double fraction = 1.0;
   // Freed blocks still used by other streams, with one event per user.
   std::vector<std::pair<Block*, std::vector<orEvent_t>>> pending;
   DeviceStats stats;
@@ -141,7 +145,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       // which waits for the device): work finishing on a worker may free
       // blocks of this device meanwhile.
       void* ptr = nullptr;
-      orError_t status = orMalloc(&ptr, size);
+      orError_t status = within_fraction(cache, device, size) ? orMalloc(&ptr, size) : orErrorMemoryAllocation;
       // Mutant oom-no-release-retry: cached blocks are given back only by empty_cache().
       if (status == orErrorMemoryAllocation && !mutant::is("oom-no-release-retry")) {
         // Give the cache back to the runtime and try once more.
@@ -150,7 +154,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
           cache.stats.num_alloc_retries++;
         }
         release_cache(cache, device);
-        status = orMalloc(&ptr, size);
+        status = within_fraction(cache, device, size) ? orMalloc(&ptr, size) : orErrorMemoryAllocation;
       }
       if (status == orErrorMemoryAllocation) {
         DeviceStats s;
@@ -163,13 +167,18 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         size_t free_bytes = 0, total_bytes = 0;
         orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes);
         if (mutant::is("oom-aborts")) std::abort();
+        const double fraction = memory_fraction(static_cast<c10::DeviceIndex>(device));
         TORCH_CHECK_WITH(OutOfMemoryError, false,
             "OpenReg out of memory on device ", static_cast<int>(device),
             ": tried to allocate ", nbytes, " bytes. The device has ",
             total_bytes, " bytes (OPENREG_DEVICE_MEMORY), of which ",
             free_bytes, " are free; PyTorch has allocated ",
             s.allocated_bytes[0].current, " bytes and reserved ",
-            s.reserved_bytes[0].current, " bytes.");
+            s.reserved_bytes[0].current, " bytes",
+            fraction < 1.0 ? c10::str("; this process may reserve ", allowed_bytes(fraction, total_bytes),
+                                      " bytes (set_per_process_memory_fraction(", fraction, "))")
+                           : std::string(),
+            ".");
       }
       OPENREG_CHECK(status);
       block = new Block{device, stream, size, 0, ptr, {}, pool};
@@ -263,6 +272,18 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     OPENREG_CHECK(orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes));
     if (mutant::is("memory-info-free-constant")) free_bytes = total_bytes;
     return {free_bytes, total_bytes};
+  }
+
+  void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+    DeviceCache& cache = *caches_[resolve_device_index(device, "device")];
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    cache.fraction = fraction;
+  }
+
+  double memory_fraction(c10::DeviceIndex device) {
+    DeviceCache& cache = *caches_[resolve_device_index(device, "device")];
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    return cache.fraction;
   }
 
   // Graph pools (Graph.cpp). A pool lives while graphs use it.
@@ -453,6 +474,26 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     }
   }
 
+  static size_t allowed_bytes(double fraction, size_t total_bytes) {
+    return static_cast<size_t>(fraction * static_cast<double>(total_bytes));
+  }
+
+  // Whether reserving `size` more bytes keeps the device within the
+  // process's memory fraction.
+  static bool within_fraction(DeviceCache& cache, int device, size_t size) {
+    double fraction;
+    int64_t reserved;
+    {
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      fraction = cache.fraction;
+      reserved = cache.stats.reserved_bytes[0].current;
+    }
+    if (fraction >= 1.0 || mutant::is("memory-fraction-ignored")) return true;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes) != orSuccess) return true;  // orMalloc reports it
+    return static_cast<size_t>(reserved) + size <= allowed_bytes(fraction, total_bytes);
+  }
+
   bool pool_alive(c10::MempoolId_t pool) {
     std::lock_guard<std::mutex> lock(pools_mutex_);
     return pool_users_.count(pool) != 0;
@@ -625,6 +666,15 @@ void delete_host_block(void* ctx) {
 }  // namespace
 
 c10::DeviceAllocator* device_allocator() { return &the_device_allocator(); }
+
+void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+  // Mutant memory-fraction-clamped: a fraction out of range is silently clamped into it.
+  if (mutant::is("memory-fraction-clamped")) fraction = std::min(1.0, std::max(0.0, fraction));
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "OpenReg: set_per_process_memory_fraction: fraction=", fraction,
+                    " is out of range: valid fractions are [0, 1]");
+  the_device_allocator().set_memory_fraction(device, fraction);
+}
+double memory_fraction(c10::DeviceIndex device) { return the_device_allocator().memory_fraction(device); }
 
 c10::MempoolId_t new_graph_pool() { return the_device_allocator().new_pool(); }
 void retain_graph_pool(c10::MempoolId_t pool) { the_device_allocator().retain_pool(pool); }

@@ -43,6 +43,13 @@ bool record_host_use(void* ptr, void* ctx, c10::Stream stream);
 // (copied on the device's current stream). Resizing to 0 releases the memory.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
 
+// set_per_process_memory_fraction: the share of device `device`'s memory
+// (in [0, 1]; 1 by default) this process may reserve. An allocation that
+// would reserve more releases the cache and, still over, raises
+// OutOfMemoryError, as CUDA's allocator does. -1: the current device.
+void set_memory_fraction(c10::DeviceIndex device, double fraction);
+double memory_fraction(c10::DeviceIndex device);
+
 // Graph pools (Graph.cpp): memory a captured graph's work uses. While
 // `stream` captures into `pool`, its allocations come from the pool; a block
 // of the pool freed meanwhile or later is reused only by allocations into the

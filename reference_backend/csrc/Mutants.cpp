@@ -126,6 +126,8 @@ const std::vector<std::string>& known() {
       "item-ignores-offset",
       "item-not-ordered",
       "maybe-exchange-minus-one-raises",
+      "memory-fraction-clamped",
+      "memory-fraction-ignored",
       "memory-info-free-constant",
       "neg-conj-copy-recurses",
       "new-generator-accepts-bad-index",

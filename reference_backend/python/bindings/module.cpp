@@ -302,4 +302,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_runtime_counters", &runtime_counters);
   openreg_bindings::add_inductor_api(m);
   m.def("_empty_host_cache", [] { openreg::host_allocator()->empty_cache(); });
+  m.def("_set_memory_fraction", [](double fraction, int device) {
+    openreg::set_memory_fraction(static_cast<c10::DeviceIndex>(device), fraction);
+  });
+  m.def("_get_memory_fraction",
+        [](int device) { return openreg::memory_fraction(static_cast<c10::DeviceIndex>(device)); });
 }

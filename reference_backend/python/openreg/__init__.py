@@ -72,14 +72,15 @@ __all__ = [
     "Stream",
     "current_device",
     "current_stream",
-    "default_stream",
     "default_generators",
+    "default_stream",
     "device",
     "device_count",
     "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
+    "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
     "init",
@@ -99,6 +100,7 @@ __all__ = [
     "seed",
     "seed_all",
     "set_device",
+    "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
@@ -425,6 +427,26 @@ def empty_cache() -> None:
     """Return cached device memory (and deferred pinned memory) to the runtime."""
     torch._C._accelerator_emptyCache()
     _C._empty_host_cache()
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limit the memory this process may reserve on `device` (default:
+    current) to `fraction` of its total memory; an allocation beyond it
+    raises torch.OutOfMemoryError (after the cache is released)."""
+    if not isinstance(fraction, float):
+        raise TypeError(f"set_per_process_memory_fraction: fraction must be a float, not {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0 and not _mutants.active("memory-fraction-clamped"):
+        raise ValueError(f"set_per_process_memory_fraction: fraction={fraction} is out of range: valid fractions are "
+                         "[0, 1]")
+    index = _resolve_device(device)
+    if _mutants.active("memory-fraction-of-current-device"):
+        index = current_device()
+    _C._set_memory_fraction(fraction, index)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The share of `device`'s memory this process may reserve (1.0 unless set)."""
+    return _C._get_memory_fraction(_resolve_device(device))
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:

@@ -35,6 +35,8 @@ KNOWN: frozenset[str] = frozenset({
     "manual-seed-not-reaching-device",
     "manual-seed-seeds-all",
     "map-location-unchecked",
+    "memory-fraction-clamped",  # (also in C++: the allocator's range check)
+    "memory-fraction-of-current-device",
     "module-accepts-other-device-type",
     "module-count-zero-before-init",
     "module-device-none-is-device-0",
