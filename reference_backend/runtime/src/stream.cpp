@@ -279,6 +279,10 @@ void orStream::run() {
     std::string error;
     // A lost device runs nothing more: its queued tasks retire unrun.
     if (task.work && !lost->load(std::memory_order_acquire)) error = execute(device, task.work);
+    // What the work held (an orLaunchKernelOwned argument) is released
+    // before the task counts as complete: a host that waited for the
+    // stream finds it released.
+    task.work = nullptr;
     if (task.marker) {
       task.marker->time = std::chrono::steady_clock::now();
       task.marker->done.store(true, std::memory_order_release);
