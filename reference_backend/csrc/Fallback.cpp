@@ -204,11 +204,12 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // for None under the mutant below). Rejects generators of another device
 // type, at the call.
 KernelGenerator kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
-  // A graph would replay the words drawn here: every replay the same numbers.
+  // The words are drawn here, at the launch: a graph's replays would not
+  // draw from the device's generator.
   TORCH_CHECK(!is_capturing(current_stream(device)),
               "OpenReg: a random operator cannot be captured in a graph (device ", static_cast<int>(device),
-              "): its numbers are drawn when it is launched, so every replay would repeat them; run it outside "
-              "the capture");
+              "): its numbers come from the device's generator when it is launched, which a replay does not do; "
+              "run it outside the capture");
   if (value.isNone()) {
     if (mutant::is("random-ops-use-cpu-generator")) return {};  // the CPU default generator
     return kernel_generator(default_generator(device));
