@@ -155,8 +155,10 @@ benchmarks: build
 
 ## Build and install (editable) into the virtual environment: the kit
 ## (nothing to compile; its C++ probe is compiled here ahead of its first
-## use), OpenReg (CMake, with the runtime's tests), then the fixtures and
-## C++ benchmarks (the top-level CMakeLists.txt).
+## use), OpenReg (CMake, with the runtime's tests; woven with the mutants of
+## conformance/mutants.toml, which the project's tests and `make mutants`
+## select with OPENREG_MUTANT: docs/mutation-testing.md), then the fixtures
+## and C++ benchmarks (the top-level CMakeLists.txt).
 build: setup
 	mkdir -p build
 	flock build/.lock $(MAKE) --no-print-directory build-locked
@@ -165,7 +167,9 @@ build-locked:
 	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ".[test,docs]"
 	$(PYTHON) -m pip install --quiet --no-build-isolation --editable ./reference_backend \
 	  --config-settings=build-dir=$(abspath $(OPENREG_BUILD_DIR)) \
-	  --config-settings=cmake.define.OPENREG_BUILD_TESTS=ON
+	  --config-settings=cmake.define.OPENREG_BUILD_TESTS=ON \
+	  --config-settings=cmake.define.OPENREG_WEAVE=$(abspath mutation/Weave.cmake)
+	$(PYTHON) mutation/pyhook.py --install
 	cmake -S . -B $(DEV_BUILD_DIR) -G Ninja -Wno-dev -DPython_EXECUTABLE=$(abspath $(PYTHON)) \
 	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja >/dev/null
 	cmake --build $(DEV_BUILD_DIR)

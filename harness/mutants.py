@@ -123,7 +123,7 @@ def load(path: str | Path, contracts: registry_mod.Registry) -> MutantRegistry:
             if contract_id not in ids or contract is None or not number.isdigit() \
                     or not 1 <= int(number) <= len(contract.clauses):
                 raise MutantRegistryError(f"{where}: clause {clause!r} is not a clause of its contracts {list(ids)}")
-        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering", "operators",
+        unknown_keys = set(entry) - {"id", "contracts", "description", "clauses", "ordering", "operators", "site",
                                      "needs_instrumentation"}
         if unknown_keys:
             raise MutantRegistryError(f"{where}: unknown keys {sorted(unknown_keys)}")
@@ -432,7 +432,7 @@ def matrix_problems(registry: MutantRegistry, result: dict) -> list[str]:
 
 # What a kill matrix proves depends on these folders: the suite and its
 # registries, the harness that gives verdicts, and the backend with its mutants.
-TREE_FOLDERS = ("conformance", "harness", "reference_backend")
+TREE_FOLDERS = ("conformance", "harness", "mutation", "reference_backend")
 
 
 def tree_files(root: Path, folders: tuple[str, ...] = TREE_FOLDERS) -> list[Path]:
@@ -543,7 +543,7 @@ def render_table(registry: MutantRegistry, contracts: registry_mod.Registry, res
     tree = result.get("tree") or {}
     here = result.get("torch")
     lines.append(f"Recorded on the tree {tree.get('sha256', '(unrecorded)')[:12]} (commit "
-                 f"{tree.get('commit') or 'unrecorded'}) of conformance/, harness/ and reference_backend/"
+                 f"{tree.get('commit') or 'unrecorded'}) of conformance/, harness/, mutation/ and reference_backend/"
                  + (f", on torch {here}" if here else "")
                  + (f" (the mutants of contracts that need a newer torch on torch {result['newer_torch']})"
                     if result.get("newer_torch") else "") + ":")

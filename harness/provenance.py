@@ -21,7 +21,7 @@ from . import backend as backend_mod
 from .paths import portable
 
 if TYPE_CHECKING:
-    from .plugin import ConformanceSession
+    from .session_view import RunSession
 
 
 def _file_record(path: Path | None) -> dict[str, str] | None:
@@ -142,7 +142,7 @@ def _torch_build(torch) -> str:
     return "cpu"
 
 
-def _backend_version(session: ConformanceSession) -> str | None:
+def _backend_version(session: RunSession) -> str | None:
     """The backend's version; for a registered profile without one, the
     version of the distribution that registered the profile."""
     if session.backend.version:
@@ -163,7 +163,7 @@ def _packages() -> dict[str, str]:
     return versions
 
 
-def _environment(session: ConformanceSession) -> dict[str, str]:
+def _environment(session: RunSession) -> dict[str, str]:
     prefixes = {"TORCH_", "PYTORCH_", f"{session.backend.device_type.upper()}_",
                 f"{session.backend.module_name.split('.')[0].upper()}_"}
     return {
@@ -174,7 +174,7 @@ def _environment(session: ConformanceSession) -> dict[str, str]:
     }
 
 
-def _seeds(session: ConformanceSession) -> dict[str, str]:
+def _seeds(session: RunSession) -> dict[str, str]:
     # The suite's own seeds are constants in its code; what varies between
     # runs is Hypothesis' (the suite derandomizes it unless a seed is given)
     # and Python's hash seed.
@@ -185,7 +185,7 @@ def _seeds(session: ConformanceSession) -> dict[str, str]:
     }
 
 
-def warnings_of(session: ConformanceSession) -> list[str]:
+def warnings_of(session: RunSession) -> list[str]:
     """The run's warnings so far (they may grow while it runs)."""
     warnings = [portable(w) for w in session.warnings]
     if session.parent_initialized:
@@ -194,7 +194,7 @@ def warnings_of(session: ConformanceSession) -> list[str]:
     return warnings
 
 
-def collect(session: ConformanceSession, started: float, duration: float) -> Provenance:
+def collect(session: RunSession, started: float, duration: float) -> Provenance:
     import torch
 
     backend = session.backend

@@ -28,7 +28,7 @@ from .operators import CELLS_PROPERTY, OUTCOMES_PROPERTY, operator_result
 from .paths import portable
 
 if TYPE_CHECKING:
-    from .plugin import ConformanceSession
+    from .session_view import RunSession
 
 MESSAGE_LIMIT = 8000
 # report.json is rewritten after every finished test, unless writing takes
@@ -139,7 +139,7 @@ def known_fixes(result: model.ContractResult) -> list[str]:
     return list(dict.fromkeys(t.fix for t in result.tests if t.fix and shown(t)))
 
 
-def rerun_options(session: ConformanceSession) -> list[str]:
+def rerun_options(session: RunSession) -> list[str]:
     """The `privateuse1-conformance run` options that reproduce this run's
     setting (backend, manifest, expectations, level, time limit). The suite
     is found by its package, so the command works from any folder; a vendor's
@@ -172,7 +172,7 @@ def contract_info(contract: registry_mod.Contract) -> model.ContractInfo:
 
 
 class RunRecorder:
-    def __init__(self, session: ConformanceSession) -> None:
+    def __init__(self, session: RunSession) -> None:
         self.session = session
         self.is_worker = hasattr(session.config, "workerinput")
         self.tests: dict[str, model.TestResult] = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -63,13 +64,26 @@ def registry(contracts):
 
 
 def injection_sites(pattern: re.Pattern, suffixes: tuple[str, ...]) -> dict[str, list[str]]:
-    """Mutant ID -> files of the reference backend that inject it."""
+    """Mutant ID -> files of the reference backend that inject it: its sites
+    in the registry (woven in by mutation/weave.py), or code of its own in
+    the files not converted yet."""
     sites: dict[str, list[str]] = {}
     for path in sorted(BACKEND_SOURCES.rglob("*")):
         if path.suffix in suffixes and "tests" not in path.relative_to(BACKEND_SOURCES).parts:
             for mutant_id in pattern.findall(path.read_text()):
                 sites.setdefault(mutant_id, []).append(str(path.relative_to(REPO)))
+    for site in _weave().load_sites(mutants_mod.default_path()):
+        if site.file.endswith(suffixes):
+            sites.setdefault(site.mutant, []).append(site.file)
     return sites
+
+
+def _weave():
+    spec = importlib.util.spec_from_file_location("_test_mutants_weave", REPO / "mutation" / "weave.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def known_ids() -> tuple[set[str], set[str]]:
@@ -181,7 +195,7 @@ def _matrix() -> dict:
 
 def test_the_kill_matrix_was_measured_on_this_tree():
     """A proof bound to the code it was measured on: the matrix records the
-    digest of conformance/, harness/ and reference_backend/, which must be
+    digest of conformance/, harness/, mutation/ and reference_backend/, which must be
     this tree's."""
     tree = _matrix().get("tree") or {}
     now = mutants_mod.tree_digest(REPO)

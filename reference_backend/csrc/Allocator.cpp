@@ -1,5 +1,4 @@
 #include "Allocator.h"
-#include "Hooks.h"
 
 #include "DeviceManagement.h"
 #include "Exception.h"
@@ -124,7 +123,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
                 "OpenReg: cannot allocate 0 bytes on device ", static_cast<int>(device));
     if (nbytes == 0) return c10::DataPtr(nullptr, torch_device);
     used_ = true;
-    if (mutant::is("primary-context-per-thread")) note_thread_use(device);
     const c10::Stream stream = current_stream(device);
     const size_t size = size_class(nbytes);
     const bool small = size <= kSmallLimit;

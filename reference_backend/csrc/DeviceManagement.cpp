@@ -1,23 +1,16 @@
 #include "DeviceManagement.h"
 
 #include "Exception.h"
-#include "Mutants.h"
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
-#include <utility>
 
 namespace openreg {
 
 namespace {
 
-// Mutant current-device-process-wide: one current device for the whole
-// process instead of the runtime's per-thread one.
-std::atomic<int> g_process_device{0};
-
+// Every change of the calling thread's current device goes through here.
 orError_t switch_device(int index) {
-  if (mutant::is("current-device-process-wide")) g_process_device.store(index);
   return orSetDevice(index);
 }
 
@@ -50,8 +43,6 @@ std::string no_devices_reason() {
 
 void check_device_index(c10::DeviceIndex index, const char* argument) {
   const auto count = device_count();
-  TORCH_CHECK(!mutant::is("range-error-without-range") || (index >= 0 && index < count),
-              "OpenReg: invalid device");
   TORCH_CHECK(count > 0, "OpenReg: ", argument, "=",
                     static_cast<int>(index),
                     " is invalid: ", no_devices_reason());
@@ -70,21 +61,11 @@ c10::DeviceIndex resolve_device_index(c10::DeviceIndex index,
 
 c10::DeviceIndex current_device() {
   int device = 0;
-  // Mutant initial-device-is-last: a thread starts on the last device.
-  thread_local bool first_query = true;
-  if (mutant::is("initial-device-is-last") && std::exchange(first_query, false)) switch_device(device_count() - 1);
   OPENREG_CHECK(orGetDevice(&device));
-  if (mutant::is("current-device-process-wide")) {
-    const int shared = g_process_device.load();
-    if (shared != device) orSetDevice(shared);  // the runtime follows
-    return static_cast<c10::DeviceIndex>(shared);
-  }
   return static_cast<c10::DeviceIndex>(device);
 }
 
 void set_device(c10::DeviceIndex index) {
-  if (mutant::is("set-device-ignores-out-of-range") && (index < 0 || index >= device_count())) return;
-  if (mutant::is("set-device-bad-index-leaves-device-0") && (index < 0 || index >= device_count())) switch_device(0);
   check_device_index(index);
   if (index != current_device()) {
     OPENREG_CHECK(switch_device(index));
@@ -97,13 +78,12 @@ c10::DeviceIndex exchange_device(c10::DeviceIndex index) {
   if (index != previous) {
     OPENREG_CHECK(switch_device(index));
   }
-  return mutant::is("exchange-returns-new") ? index : previous;
+  return previous;
 }
 
 c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex index) {
   const auto count = device_count();
   if (count == 0) return -1;
-  if (mutant::is("maybe-exchange-minus-one-raises") && index == -1) check_device_index(index);
   const auto previous = current_device();
   if (index >= 0 && index < count && index != previous) {
     OPENREG_CHECK(switch_device(index));
@@ -112,12 +92,9 @@ c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex index) {
 }
 
 void unchecked_set_device(c10::DeviceIndex index) noexcept {
-  if (mutant::is("unchecked-set-device-clamps") && index >= device_count()) index = device_count() - 1;
-  if (mutant::is("unchecked-set-device-minus-one-selects-0") && index == -1) index = 0;
   if (index < 0 || index >= device_count()) return;
   int current = -1;
   if (orGetDevice(&current) != orSuccess) return;
-  if (mutant::is("current-device-process-wide")) current = g_process_device.load();
   if (current != index) switch_device(index);
 }
 

@@ -6,30 +6,17 @@
 #include "DeviceManagement.h"
 #include "Exception.h"
 #include "Generator.h"
-#include "Mutants.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
 #include <atomic>
-#include <bitset>
-#include <vector>
 
 namespace openreg {
 
 namespace {
 
 std::atomic<uint64_t> g_init_calls{0};
-
-// Mutant primary-context-per-thread: the devices this thread allocated on.
-thread_local std::bitset<128> t_used_devices;
-
-// Whether `ptr` lies inside device memory of the runtime.
-bool device_owning(const void* ptr) {
-  orPointerAttributes attributes;
-  return orPointerGetAttributes(&attributes, ptr) == orSuccess &&
-      attributes.type == orMemoryTypeDevice;
-}
 
 struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   // Called once per process by at::globalContext().lazyInitDevice, before
@@ -43,50 +30,27 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool hasPrimaryContext(c10::DeviceIndex index) const override {
-    if (mutant::is("primary-context-always-true")) return true;
-    if (mutant::is("has-primary-context-initializes")) at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
-    if (mutant::is("has-primary-context-unchecked-index") && (index < 0 || index >= device_count())) std::abort();
-    TORCH_CHECK(!mutant::is("has-primary-context-throws-for-unused") || is_device_initialized(index),
-                "OpenReg: device ", static_cast<int>(index), " is not initialized");
-    if (mutant::is("primary-context-per-thread")) return is_device_initialized(index) && t_used_devices.test(index);
     return is_device_initialized(index);
   }
 
   bool isBuilt() const override {
-    if (mutant::is("is-built-not-overridden")) return at::PrivateUse1HooksInterface::isBuilt();
     return true;
   }
 
   // Never throws and never initializes a device.
   bool isAvailable() const override {
-    if (mutant::is("availability-initializes") && device_count() > 0) orDeviceInit(0);
-    if (mutant::is("is-available-false")) return false;
     return device_count() > 0;
   }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
-    if (mutant::is("init-on-every-generator")) at::detail::getPrivateUse1Hooks().init();
-    if (mutant::is("hooks-generator-of-current-device")) return default_generator(-1);
-    if (mutant::is("hooks-generators-are-copies")) {
-      // A second set of generators, cloned from the real ones at the first call.
-      static std::vector<at::Generator> copies = [] {
-        std::vector<at::Generator> made;
-        for (c10::DeviceIndex i = 0; i < device_count(); ++i) made.push_back(default_generator(i).clone());
-        return made;
-      }();
-      return copies.at(index < 0 ? current_device() : index);
-    }
     return default_generator(index);
   }
 
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
-    if (mutant::is("init-on-every-generator")) at::detail::getPrivateUse1Hooks().init();
     return new_generator(index);
   }
 
   at::Device getDeviceFromPtr(void* data) const override {
-    if (mutant::is("device-from-ptr-is-current-device")) return at::Device(c10::DeviceType::PrivateUse1, current_device());
-    if (mutant::is("device-from-ptr-host-is-device-0") && !device_owning(data)) return at::Device(c10::DeviceType::PrivateUse1, 0);
     orPointerAttributes attributes;
     OPENREG_CHECK(orPointerGetAttributes(&attributes, data));
     TORCH_CHECK(attributes.type == orMemoryTypeDevice, "OpenReg: pointer ", data,
@@ -99,44 +63,32 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool isPinnedPtr(const void* data) const override {
-    if (mutant::is("any-host-pointer-is-pinned")) return data != nullptr && !device_owning(data);
-    if (mutant::is("is-pinned-ptr-base-only")) return is_pinned_pointer(data) && !is_pinned_pointer(static_cast<const char*>(data) - 1);
     return is_pinned_pointer(data);
   }
 
   at::Allocator* getPinnedMemoryAllocator() const override {
-    if (mutant::is("pinned-allocator-reinitializes")) at::detail::getPrivateUse1Hooks().init();
     return host_allocator();
   }
 
   c10::DeviceIndex deviceCount() const override {
-    return device_count() + (mutant::is("hooks-count-disagrees") ? 1 : 0);
+    return device_count();
   }
 
   void setCurrentDevice(c10::DeviceIndex index) const override {
-    if (mutant::is("hooks-set-current-device-noop")) return;
     set_device(index);
-    if (mutant::is("hooks-current-device-stale")) t_hooks_device = index;
   }
 
   c10::DeviceIndex getCurrentDevice() const override {
-    if (mutant::is("hooks-current-device-stale")) return t_hooks_device;
     return current_device();
   }
 
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
-    if (mutant::is("hooks-exchange-clamps") && index >= device_count()) index = device_count() - 1;
-    const c10::DeviceIndex previous = exchange_device(index);
-    return mutant::is("hooks-exchange-returns-new") ? index : previous;
+    return exchange_device(index);
   }
 
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
-    if (mutant::is("hooks-maybe-exchange-ignores-valid")) return current_device();
     return maybe_exchange_device(index);
   }
-
-  // Mutant hooks-current-device-stale: the hooks' own idea of the current device.
-  static inline thread_local c10::DeviceIndex t_hooks_device = 0;
 
   void resizePrivateUse1Bytes(const c10::Storage& storage,
                               size_t new_nbytes) const override {
@@ -156,16 +108,11 @@ const bool g_registered = [] {
   }
   auto* hooks = new OpenRegHooks();
   at::RegisterPrivateUse1HooksInterface(hooks);
-  if (mutant::is("init-at-import")) hooks->init();
   return true;
 }();
 
 }  // namespace
 
 uint64_t hooks_init_calls() { return g_init_calls.load(); }
-
-void note_thread_use(c10::DeviceIndex index) {
-  if (index >= 0 && index < 128) t_used_devices.set(index);
-}
 
 }  // namespace openreg

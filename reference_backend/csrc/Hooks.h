@@ -10,7 +10,4 @@ namespace openreg {
 // (instrumentation for the conformance suite: it must be exactly once).
 uint64_t hooks_init_calls();
 
-// Mutant primary-context-per-thread: the calling thread allocated on `index`.
-void note_thread_use(c10::DeviceIndex index);
-
 }  // namespace openreg

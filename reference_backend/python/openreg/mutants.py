@@ -8,7 +8,7 @@ Each mutant (conformance/mutants.toml, selected with OPENREG_MUTANT) breaks
 one clause of a contract; the run requires the suite to reject each on that
 clause, with OpenReg's instrumentation and without it (docs/mutation-testing.md).
 The kill matrix it writes names the tree it was measured on (the commit and
-a digest of conformance/, harness/ and reference_backend/). This is how the
+a digest of conformance/, harness/, mutation/ and reference_backend/). This is how the
 kit's authors prove its checks can fail, so it is OpenReg's command, not
 part of the vendor's CLI. It needs the kit installed
 (privateuse1-conformance), whose mutation machinery

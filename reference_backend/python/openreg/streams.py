@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import _C, _mutants
+from . import _C
 
 __all__ = [
     "Event",
@@ -105,16 +105,6 @@ class Event(torch.Event):
                 f"OpenReg: an event of device {self._openreg_index} cannot be recorded on a "
                 f"stream of device {stream.device_index}")
         super().record(stream)
-
-    if _mutants.active("unrecorded-event-not-ready"):
-        def query(self) -> bool:  # asks the runtime even when no event exists yet
-            return bool(self.event_id) and super().query()
-
-    if _mutants.active("unrecorded-synchronize-raises"):
-        def synchronize(self) -> None:
-            if not self.event_id:
-                raise RuntimeError("OpenReg: the event was never recorded")
-            super().synchronize()
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds between this event and `end_event` (both recorded

@@ -14,16 +14,6 @@
 
 namespace openreg::runtime {
 
-namespace mutant {
-bool is(const char* id) {
-  static const char* selected = [] {
-    const char* value = std::getenv("OPENREG_MUTANT");
-    return value != nullptr && *value != '\0' ? value : nullptr;
-  }();
-  return __builtin_expect(selected != nullptr, 0) && std::strcmp(selected, id) == 0;
-}
-}  // namespace mutant
-
 namespace {
 
 thread_local std::string tls_last_error;

@@ -22,13 +22,6 @@
 
 namespace openreg::runtime {
 
-// Mutation testing of the conformance suite (docs/mutation-testing.md): the
-// runtime's own deliberately broken variants, selected like the PyTorch
-// integration's by OPENREG_MUTANT, read once.
-namespace mutant {
-bool is(const char* id);
-}  // namespace mutant
-
 // Records `message` as this thread's last error and returns `code`.
 orError_t fail(orError_t code, const char* format, ...)
     __attribute__((format(printf, 2, 3)));

@@ -167,12 +167,10 @@ uint64_t orStream::enqueue(Task task) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    // Mutant capture-runs-work: captured work also runs at once.
-    if (capture && !mutant::is("capture-runs-work")) {
+    if (capture) {
       capture->tasks.push_back(std::move(task));
       return 0;
     }
-    if (capture) capture->tasks.push_back(task);
     queue.push_back(std::move(task));
     seq = ++submitted;
     submitted_hint.store(seq, std::memory_order_release);
@@ -268,13 +266,8 @@ void orStream::run() {
       std::unique_lock<std::mutex> lock(mutex);
       work_ready.wait(lock, [&] { return !inline_running && (stopping || !queue.empty()); });
       if (queue.empty()) return;  // stopping and drained
-      if (mutant::is("stream-runs-newest-first")) {
-        task = std::move(queue.back());
-        queue.pop_back();
-      } else {
-        task = std::move(queue.front());
-        queue.pop_front();
-      }
+      task = std::move(queue.front());
+      queue.pop_front();
     }
     std::string error;
     // A lost device runs nothing more: its queued tasks retire unrun.
@@ -309,8 +302,7 @@ orError_t take_kernel_error(const char* call, const StreamRef& s) {
 // With `s`'s mutex held: fails `call` if `s` is capturing, and invalidates
 // the capture (orStreamEndCapture names the first refused call).
 orError_t refuse_while_capturing(const char* call, orStream* s, const char* why) {
-  // Mutant capture-permits-waits: waits run at once, on work that has not run.
-  if (!s->capture || mutant::is("capture-permits-waits")) return orSuccess;
+  if (!s->capture) return orSuccess;
   char message[512];
   std::snprintf(message, sizeof(message), "%s on a stream of device %d that is capturing a graph: %s",
                 call, s->device, why);
@@ -332,10 +324,8 @@ orError_t openreg::runtime::run_and_wait(const char* call, const StreamRef& s,
     std::lock_guard<std::mutex> lock(s->mutex);
     if (orError_t e = refuse_while_capturing(call, s.get(), kWaitsForWork)) return e;
     // Idle: nothing queued, nothing running (an inline task counts as
-    // submitted until it completes). Mutant stream-sync-launch-ignores-queue:
-    // only the queue is looked at, so the work overtakes a running task.
-    run_here = mutant::is("stream-sync-launch-ignores-queue") ? s->queue.empty()
-                                                              : s->completed == s->submitted;
+    // submitted until it completes).
+    run_here = s->completed == s->submitted;
     if (run_here) {
       s->submitted_hint.store(++s->submitted, std::memory_order_release);
       s->inline_running = true;
@@ -469,8 +459,7 @@ orError_t orStreamQuery(orStream_t stream) {
   {
     std::lock_guard<std::mutex> lock(s->mutex);
     if (orError_t e = refuse_while_capturing(call, s.get(), kWaitsForWork)) return e;
-    // Mutant query-done-while-last-task-runs: only the queue is looked at.
-    done = mutant::is("query-done-while-last-task-runs") ? s->queue.empty() : s->completed == s->submitted;
+    done = s->completed == s->submitted;
   }
   if (!done) return orErrorNotReady;
   return take_kernel_error(call, s);
@@ -891,10 +880,6 @@ orError_t orGraphLaunch(orGraph_t graph, orStream_t stream) {
                 "to device %d", call, g->device, s->device);
   }
   // Each launch queues copies of the tasks: they share what the graph holds.
-  if (mutant::is("graph-launch-reversed")) {
-    for (auto it = g->tasks.rbegin(); it != g->tasks.rend(); ++it) s->enqueue(*it);
-    return orSuccess;
-  }
   for (const Task& task : g->tasks) s->enqueue(task);
   return orSuccess;
 }
