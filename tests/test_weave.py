@@ -37,10 +37,20 @@ weave = _load_weave()
 # them (issue 37 converts the rest file by file; at the end this is all of
 # reference_backend/).
 CLEAN_FILES = [
+    "reference_backend/csrc/Attention.cpp",
+    "reference_backend/csrc/Autocast.cpp",
+    "reference_backend/csrc/BackendMeta.cpp",
+    "reference_backend/csrc/DeviceKernel.cpp",
     "reference_backend/csrc/DeviceManagement.cpp",
+    "reference_backend/csrc/Generator.cpp",
+    "reference_backend/csrc/Graph.cpp",
     "reference_backend/csrc/Guard.cpp",
     "reference_backend/csrc/Hooks.cpp",
     "reference_backend/csrc/Hooks.h",
+    "reference_backend/csrc/Profiler.cpp",
+    "reference_backend/csrc/Quantized.cpp",
+    "reference_backend/csrc/Rnn.cpp",
+    "reference_backend/csrc/Stream.cpp",
     "reference_backend/runtime/src/device.cpp",
     "reference_backend/runtime/src/internal.h",
     "reference_backend/runtime/src/stream.cpp",

@@ -17,7 +17,6 @@
 // the L x S matrix). Half-precision inputs are computed in float32. Dropout
 // is not fused: for dropout_p > 0 the choice is the math path, which
 // implements it with the device's random generator.
-#include "Mutants.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -61,10 +60,7 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
   auto& ctx = at::globalContext();
-  // Mutant sdpa-ignores-kernel-selection: the fused kernel even where
-  // torch.nn.attention.sdpa_kernel allows only other backends.
-  const bool overrideable_allowed =
-      ctx.userEnabledOverrideableSDP() || mutant::is("sdpa-ignores-kernel-selection");
+  const bool overrideable_allowed = ctx.userEnabledOverrideableSDP();
   if (overrideable_allowed && fused_takes(query, key, value, dropout_p)) {
     return static_cast<int64_t>(SDPBackend::overrideable);
   }
@@ -87,8 +83,7 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
 at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& attn_bias, bool is_causal,
                   double scale) {
   at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-  // Mutant sdpa-ignores-causal: the causal mask is dropped.
-  if (is_causal && !mutant::is("sdpa-ignores-causal")) {
+  if (is_causal) {
     // Top-left aligned, as in the math path: query i sees keys 0..i.
     const at::Tensor keep = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
     s.masked_fill_(keep.logical_not(), -std::numeric_limits<double>::infinity());
@@ -138,9 +133,7 @@ sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& v
   const at::ScalarType ct = compute_type(query);
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct);
   const at::Tensor bias = attn_bias.has_value() ? *attn_bias : at::Tensor();
-  // Mutant sdpa-scale-from-value-width: the default scale taken from the value's width.
-  const at::Tensor s = scores(q, k, bias, is_causal,
-                              scale_of(mutant::is("sdpa-scale-from-value-width") ? value : query, scale));
+  const at::Tensor s = scores(q, k, bias, is_causal, scale_of(query, scale));
   const at::Tensor row_lse = at::logsumexp(s, -1);
   const at::Tensor p = probabilities(s, row_lse);
   // The shapes, dtypes and layout PyTorch's meta kernel promises (what
@@ -174,15 +167,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   const at::ScalarType ct = compute_type(query);
   const at::Tensor q = query.to(ct), k = key.to(ct), v = value.to(ct), g = grad_out.to(ct);
-  const double factor = scale_of(mutant::is("sdpa-scale-from-value-width") ? value : query, scale);
+  const double factor = scale_of(query, scale);
   const at::Tensor s = scores(q, k, attn_bias, is_causal, factor);
   const at::Tensor p = probabilities(s, logsumexp);
   // d(softmax): dS = P * (dP - rowsum(P * dP)).
   const at::Tensor dp = at::matmul(g, v.transpose(-2, -1));
-  // Mutant sdpa-backward-drops-softmax-term: dS = P * dP.
-  const at::Tensor ds = mutant::is("sdpa-backward-drops-softmax-term")
-                            ? p * dp
-                            : p * (dp - (p * dp).sum(-1, /*keepdim=*/true));
+  const at::Tensor ds = p * (dp - (p * dp).sum(-1, /*keepdim=*/true));
   at::Tensor grad_q, grad_k, grad_v, grad_bias;
   if (grad_input_mask[0]) grad_q = at::matmul(ds, k).mul_(factor).to(query.scalar_type());
   if (grad_input_mask[1]) grad_k = at::matmul(ds.transpose(-2, -1), q).mul_(factor).to(key.scalar_type());
@@ -193,14 +183,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   return {grad_q, grad_k, grad_v, grad_bias};
 }
 
-}  // namespace
-
-// Mutant sdpa-choice-not-overrideable: no choice registered (OpenReg before
-// this file): scaled_dot_product_attention takes the math path and
-// torch._fused_sdp_choice answers the CPU's choice through the fallback.
-namespace {
+// scaled_dot_product_attention asks this stub which kernel runs on OpenReg.
 bool register_choice() {
-  if (mutant::is("sdpa-choice-not-overrideable")) return false;
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&sdp_choice);
   return true;
 }
@@ -208,7 +192,7 @@ const bool choice_registered = register_choice();
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  if (!mutant::is("sdpa-choice-not-overrideable")) m.impl("_fused_sdp_choice", TORCH_FN(sdp_choice));
+  m.impl("_fused_sdp_choice", TORCH_FN(sdp_choice));
   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(sdpa_forward));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(sdpa_backward));
 }

@@ -8,7 +8,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
-#include "Mutants.h"
 
 namespace {
 
@@ -23,7 +22,6 @@ using c10::ScalarType;
 #define OPENREG_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
-  if (openreg::mutant::is("autocast-does-not-cast")) return;
   AT_FORALL_LOWER_PRECISION_FP(OPENREG_LOWER_PRECISION_FP)
   AT_FORALL_FP32(OPENREG_FP32)
   AT_FORALL_FP32_SET_OPT_DTYPE(OPENREG_FP32_SET_OPT_DTYPE)

@@ -22,7 +22,6 @@
 // user flags: it keeps every key that starts with "openreg." and ignores the
 // others, as PyTorch does for devices that register no functions (a tensor
 // saved on another backend can still be loaded onto OpenReg).
-#include "Mutants.h"
 
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
@@ -46,8 +45,7 @@ struct OpenRegMeta final : c10::BackendMeta {
   c10::intrusive_ptr<c10::BackendMeta> clone(
       const c10::intrusive_ptr<c10::BackendMeta>& ptr) const override {
     auto copy = c10::make_intrusive<OpenRegMeta>();
-    // Mutant backend-meta-clone-drops: shallow copies lose the flags.
-    if (!mutant::is("backend-meta-clone-drops")) copy->flags = flags;
+    copy->flags = flags;
     return copy;
   }
 };
@@ -56,18 +54,10 @@ struct OpenRegMeta final : c10::BackendMeta {
 // made by operators have no BackendMeta at all.
 const OpenRegMeta* meta_of(const at::Tensor& t) {
   c10::BackendMeta* meta = t.unsafeGetTensorImpl()->get_backend_meta();
-  // Mutant backend-meta-getter-ignores-null: assumes every tensor has one.
-  if (mutant::is("backend-meta-getter-ignores-null")) {
-    return static_cast<const OpenRegMeta*>(meta);
-  }
   return dynamic_cast<const OpenRegMeta*>(meta);
 }
 
 void get_metadata(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
-  if (mutant::is("backend-meta-getter-ignores-null")) {
-    for (const auto& [key, value] : meta_of(t)->flags) metadata[key] = value;
-    return;
-  }
   if (const OpenRegMeta* meta = meta_of(t)) {
     for (const auto& [key, value] : meta->flags) metadata[key] = value;
   }
@@ -79,12 +69,7 @@ void set_metadata(const at::Tensor& t, std::unordered_map<std::string, bool>& me
   bool any = false;
   for (const auto& [key, value] : metadata) {
     if (std::string_view(key).substr(0, kPrefix.size()) != kPrefix) continue;
-    // Mutant backend-meta-set-keeps-first: a key set before keeps its first value.
-    if (mutant::is("backend-meta-set-keeps-first")) {
-      updated->flags.emplace(key, value);
-    } else {
-      updated->flags[key] = value;
-    }
+    updated->flags[key] = value;
     any = true;
   }
   // Copy on write: a BackendMeta another TensorImpl may share is never changed.
@@ -93,8 +78,6 @@ void set_metadata(const at::Tensor& t, std::unordered_map<std::string, bool>& me
 
 struct Registration {
   Registration() {
-    // Mutant backend-meta-unregistered: set_tensor_metadata is a silent no-op.
-    if (mutant::is("backend-meta-unregistered")) return;
     torch::jit::TensorBackendMetaRegistry(c10::DeviceType::PrivateUse1, &get_metadata, &set_metadata);
   }
 } registration;

@@ -2,7 +2,6 @@
 
 #include "CpuAlias.h"
 #include "Exception.h"
-#include "Mutants.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -144,7 +143,7 @@ at::Tensor AliasBuilder::alias(const at::Tensor& t) {
   if (known != cpu_by_tensor_.end()) return known->second;
   const c10::Storage& storage = t.storage();
   const c10::Storage& cpu = cpu_storage_for(
-      mutant::is("alias-empty-storages-shared") ? nullptr : storage.unsafeGetStorageImpl(),
+      storage.unsafeGetStorageImpl(),
       storage.mutable_data(), storage.nbytes());
   device_by_cpu_.emplace(cpu.unsafeGetStorageImpl(), storage);
   at::Tensor alias = cpu_alias::tensor(cpu, t.dtype(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),

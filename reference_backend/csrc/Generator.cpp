@@ -1,7 +1,6 @@
 #include "Generator.h"
 
 #include "DeviceManagement.h"
-#include "Mutants.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>
@@ -35,25 +34,14 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
     return cpu_.seed();
   }
   void set_offset(uint64_t offset) override {
-    if (mutant::is("offset-silently-ignored")) return;
-    // Mutant set-offset-rewinds-to-seed: any offset draws the seed's first numbers.
-    if (mutant::is("set-offset-rewinds-to-seed")) {
-      std::lock_guard<std::mutex> lock(cpu_.mutex());
-      cpu_.set_current_seed(cpu_.current_seed());
-      mutant_offset_ = offset;
-      return;
-    }
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
   uint64_t get_offset() const override {
-    if (mutant::is("offset-silently-ignored")) return 0;
-    if (mutant::is("set-offset-rewinds-to-seed")) return mutant_offset_;
     TORCH_CHECK(false, "OpenReg generators do not support offsets: their state "
                 "is a Mersenne Twister (as on CPU). Use get_state()/set_state().");
   }
   void set_state(const c10::TensorImpl& new_state) override {
-    if (mutant::is("rng-set-state-ignored")) return;
     std::lock_guard<std::mutex> lock(cpu_.unsafeGetGeneratorImpl()->mutex_);
     cpu_.unsafeGetGeneratorImpl()->set_state(new_state);
   }
@@ -71,7 +59,6 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
   }
 
   at::Generator cpu_;
-  uint64_t mutant_offset_ = 0;  // (mutant set-offset-rewinds-to-seed only)
 };
 
 at::Generator make(c10::DeviceIndex index) {
@@ -82,10 +69,7 @@ at::Generator make(c10::DeviceIndex index) {
 }  // namespace
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
-  if (mutant::is("default-generator-minus-one-is-device-0") && index == -1) index = 0;
-  if (mutant::is("default-generator-unchecked-index") && (index < -1 || index >= device_count())) index = 0;
   index = resolve_device_index(index, "device_index");
-  if (mutant::is("default-generator-new-per-call")) return *new at::Generator(make(index));  // leaks, too
   struct Slot {
     std::once_flag once;
     at::Generator generator;
@@ -96,16 +80,13 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
     for (int i = 0; i < device_count(); ++i) v->push_back(std::make_unique<Slot>());
     return v;
   }();
-  Slot& slot = *(*slots)[mutant::is("one-generator-for-all-devices") ? 0 : index];
+  Slot& slot = *(*slots)[index];
   std::call_once(slot.once, [&] { slot.generator = make(index); });
   return slot.generator;
 }
 
 at::Generator new_generator(c10::DeviceIndex index) {
-  if (mutant::is("new-generator-minus-one-is-device-0") && index == -1) index = 0;
-  if (mutant::is("new-generator-accepts-bad-index") && (index < -1 || index >= device_count())) index = 0;
   index = resolve_device_index(index, "device_index");
-  if (mutant::is("new-generator-is-default")) return default_generator(index);
   return make(index);
 }
 

@@ -13,7 +13,6 @@
 #include "Allocator.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
-#include "Mutants.h"
 #include "Stream.h"
 
 #include <ATen/core/GraphImplInterface.h>
@@ -92,13 +91,10 @@ class OpenRegGraph final : public at::GraphImplInterface {
   void replay() override {
     TORCH_CHECK(graph_ != nullptr, "OpenReg: replay: the graph holds no capture (capture_begin and "
                 "capture_end come first)");
-    if (!instantiated_) {
-      TORCH_CHECK(!mutant::is("graph-replay-needs-instantiate"), "OpenReg: replay: call instantiate() first");
-      instantiate();
-    }
+    if (!instantiated_) instantiate();
     c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
     // On the current stream, after the work queued on it, as on CUDA.
-    const c10::Stream stream = mutant::is("graph-replays-on-capture-stream") ? stream_ : current_stream(device_);
+    const c10::Stream stream = current_stream(device_);
     OPENREG_CHECK(orGraphLaunch(graph_, native_stream(stream)));
   }
 

@@ -14,7 +14,6 @@
 // they never initialize a device: before the current device is initialized,
 // no event is recorded, and the operator gets no device time.
 #include "DeviceManagement.h"
-#include "Mutants.h"
 #include "Stream.h"
 
 #include <c10/util/ApproximateClock.h>
@@ -43,9 +42,7 @@ struct OpenRegProfilerStubs final : ProfilerStubs {
       orEvent_t created = nullptr;
       if (orEventCreate(&created) != orSuccess) return;
       event->reset(created, &destroy_event);
-      // Mutant profiler-records-on-default-stream: the caller's current stream is ignored.
-      const c10::Stream stream =
-          mutant::is("profiler-records-on-default-stream") ? default_stream(index) : current_stream(index);
+      const c10::Stream stream = current_stream(index);
       if (orEventRecord(created, native_stream(stream)) != orSuccess) event->reset();
     } catch (...) {
       if (event != nullptr) event->reset();  // the operator gets no device time
@@ -61,8 +58,7 @@ struct OpenRegProfilerStubs final : ProfilerStubs {
         orEventElapsedTime(&ms, first, second) != orSuccess) {
       return 0.0f;  // e.g. the current device changed inside the operator
     }
-    // Mutant profiler-elapsed-in-milliseconds: the runtime's unit is passed on.
-    return mutant::is("profiler-elapsed-in-milliseconds") ? ms : ms * 1000.0f;
+    return ms * 1000.0f;
   }
 
   void mark(const char* /*name*/) const override {}
@@ -88,8 +84,6 @@ struct OpenRegProfilerStubs final : ProfilerStubs {
 
 struct Registration {
   Registration() {
-    // Mutant profiler-stubs-missing: PyTorch's default stubs stay.
-    if (mutant::is("profiler-stubs-missing")) return;
     static OpenRegProfilerStubs stubs;
     torch::profiler::impl::registerPrivateUse1Methods(&stubs);
   }

@@ -17,7 +17,6 @@
 //
 // The arithmetic runs on the device, over an integer tensor that aliases
 // the quantized tensor's storage (int_view).
-#include "Mutants.h"
 #include "Quantized.h"
 
 #include <ATen/ATen.h>
@@ -99,8 +98,7 @@ at::Tensor quantize_per_tensor(const at::Tensor& self, double scale, int64_t zer
   // in float, clamped to the dtype's range.
   const float inverse = 1.0f / static_cast<float>(scale);
   at::Tensor scaled = self.to(at::kFloat) * inverse;
-  // Mutant quantize-rounds-down: floor instead of rounding to nearest.
-  scaled = mutant::is("quantize-rounds-down") ? scaled.floor() : scaled.round();
+  scaled = scaled.round();
   at::Tensor ints;
   if (dtype == at::kQInt32) {
     // The int32 range does not fit float32 exactly: clamp in float64.
@@ -140,8 +138,7 @@ at::Tensor dequantize(const at::Tensor& self) {
               "dequantize on openreg: only per-tensor affine quantized tensors are supported, got ",
               toString(self.qscheme()));
   const double scale = self.q_scale();
-  // Mutant dequantize-ignores-zero-point: x * scale.
-  const int64_t zero_point = mutant::is("dequantize-ignores-zero-point") ? 0 : self.q_zero_point();
+  const int64_t zero_point = self.q_zero_point();
   // CPU's rule (ATen's dequantize_val): (q - zero_point) * scale, in float.
   return (int_view(self).to(at::kFloat) - zero_point).mul_(static_cast<float>(scale));
 }
@@ -149,14 +146,11 @@ at::Tensor dequantize(const at::Tensor& self) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Mutant quantized-kernels-missing: OpenReg before quantized tensors.
-  if (mutant::is("quantized-kernels-missing")) return;
   m.impl("quantize_per_tensor", TORCH_FN(quantize_per_tensor));
   m.impl("_empty_affine_quantized", TORCH_FN(empty_affine_quantized));
 }
 
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
-  if (mutant::is("quantized-kernels-missing")) return;
   m.impl("_empty_affine_quantized", TORCH_FN(empty_affine_quantized));
   m.impl("empty_quantized", TORCH_FN(empty_quantized));
   m.impl("clone", TORCH_FN(at::native::quantized_clone));

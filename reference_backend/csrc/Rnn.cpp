@@ -8,7 +8,6 @@
 // The workspace is the kernels' own business (autograd hands the forward's
 // workspace to the backward unchanged): the activated gates of the LSTM,
 // and the GRU's r, z, n, hx and the hidden state's n gate.
-#include "Mutants.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -99,9 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   const at::Tensor grad_n = grad_hy * (1 - z) * (1 - n * n);
   const at::Tensor grad_r = grad_n * hn * r * (1 - r);
   at::Tensor grad_input_gates = at::cat({grad_r, grad_z, grad_n}, 1);
-  // Mutant gru-backward-drops-reset-gate: the hidden n gate's gradient
-  // misses the reset gate's factor.
-  const at::Tensor grad_hn = mutant::is("gru-backward-drops-reset-gate") ? grad_n : grad_n * r;
+  const at::Tensor grad_hn = grad_n * r;
   at::Tensor grad_hidden_gates = at::cat({grad_r, grad_z, grad_hn}, 1);
   at::Tensor grad_input_bias = has_bias ? grad_input_gates.sum(0) : at::Tensor();
   at::Tensor grad_hidden_bias = has_bias ? grad_hidden_gates.sum(0) : at::Tensor();
@@ -111,8 +108,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Mutant fused-rnn-cells-missing: OpenReg before these kernels.
-  if (mutant::is("fused-rnn-cells-missing")) return;
   m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
   m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
   m.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));

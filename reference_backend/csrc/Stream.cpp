@@ -2,9 +2,7 @@
 
 #include "DeviceManagement.h"
 #include "Exception.h"
-#include "Mutants.h"
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -42,13 +40,7 @@ DevicePool& pool(c10::DeviceIndex index) {
 
 // Current stream id of each device, per thread; 0 (default) until set.
 std::vector<c10::StreamId>& current_ids() {
-  if (mutant::is("current-stream-process-wide")) {
-    static std::vector<c10::StreamId> shared(device_count(), 0);
-    return shared;
-  }
-  // Mutant current-stream-starts-nondefault: threads start on the first pool stream.
-  thread_local std::vector<c10::StreamId> ids(device_count(),
-                                              mutant::is("current-stream-starts-nondefault") ? (1 << kSlotBits) : 0);
+  thread_local std::vector<c10::StreamId> ids(device_count(), 0);
   return ids;
 }
 
@@ -88,7 +80,7 @@ c10::Stream default_stream(c10::DeviceIndex index) {
 c10::Stream stream_from_pool(c10::DeviceIndex index, int priority) {
   index = resolve_device_index(index);
   const int level = level_of(priority);
-  const uint32_t slot = mutant::is("new-stream-always-same") ? 0 : pool(index).next[level]++ % kStreamsPerPriority;
+  const uint32_t slot = pool(index).next[level]++ % kStreamsPerPriority;
   return make_stream(index, ((level + 1) << kSlotBits) | slot);
 }
 
@@ -102,18 +94,15 @@ c10::Stream exchange_stream(c10::Stream stream) {
   const auto index = stream.device_index();
   auto& ids = current_ids();
   const auto previous = make_stream(index, ids[index]);
-  if (mutant::is("exchange-stream-resets-other-devices")) std::fill(ids.begin(), ids.end(), 0);
-  ids[mutant::is("exchange-stream-uses-current-device") ? current_device() : index] = stream.id();
-  if (mutant::is("exchange-stream-switches-device")) set_device(index);
-  return mutant::is("exchange-stream-returns-new") ? stream : previous;
+  ids[index] = stream.id();
+  return previous;
 }
 
 orStream_t native_stream(const c10::Stream& stream) {
   check_openreg_device(stream.device(), "stream.device");
   const auto index = stream.device_index();
   check_device_index(index, "stream.device_index");
-  // Mutant default-stream-aliases-pool: the first pool stream runs on the default stream's queue.
-  const c10::StreamId id = mutant::is("default-stream-aliases-pool") && stream.id() == (1 << kSlotBits) ? 0 : stream.id();
+  const c10::StreamId id = stream.id();
   DevicePool& p = pool(index);
   if (id == 0) {
     std::call_once(p.default_once, [&] {
@@ -128,17 +117,13 @@ orStream_t native_stream(const c10::Stream& stream) {
               " is not an OpenReg stream (ids are 0 for the default stream or "
               "(level << 5 | slot) with level in [1, 2] and slot in [0, 32))");
   std::call_once(p.once[level][slot], [&] {
-    // Mutant stream-of-other-device-on-current: made lazily on whatever device is current.
-    p.handles[level][slot] = create_on(mutant::is("stream-of-other-device-on-current") ? current_device() : index,
-                                       level == 0 ? kLeastPriority : kGreatestPriority);
+    p.handles[level][slot] = create_on(index, level == 0 ? kLeastPriority : kGreatestPriority);
   });
   return p.handles[level][slot];
 }
 
 int stream_priority(const c10::Stream& stream) {
   native_stream(stream);
-  // Mutant stream-priority-reads-least: every stream reports the least priority.
-  if (mutant::is("stream-priority-reads-least")) return kLeastPriority;
   return stream.id() >> kSlotBits == 2 ? kGreatestPriority : kLeastPriority;
 }
 
