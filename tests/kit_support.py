@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -249,3 +251,13 @@ def verify_problems(stdout: str) -> list[str]:
     if _checkout_is_modified():
         problems = [p for p in problems if "modified checkout" not in p]
     return problems
+
+
+@functools.cache
+def weaver():
+    """mutation/weave.py (the mutant weaver: no installed module), loaded once by its path."""
+    spec = importlib.util.spec_from_file_location("_kit_support_weave", REPO / "mutation" / "weave.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from kit_support import REPO, run_pytest
+from kit_support import REPO, run_pytest, weaver
 from openreg import mutants as openreg_mutants
 from privateuse1_conformance.harness import cli
 from privateuse1_conformance.harness import mutants as mutants_mod
@@ -72,18 +71,10 @@ def injection_sites(pattern: re.Pattern, suffixes: tuple[str, ...]) -> dict[str,
         if path.suffix in suffixes and "tests" not in path.relative_to(BACKEND_SOURCES).parts:
             for mutant_id in pattern.findall(path.read_text()):
                 sites.setdefault(mutant_id, []).append(str(path.relative_to(REPO)))
-    for site in _weave().load_sites(mutants_mod.default_path()):
+    for site in weaver().load_sites(mutants_mod.default_path()):
         if site.file.endswith(suffixes):
             sites.setdefault(site.mutant, []).append(site.file)
     return sites
-
-
-def _weave():
-    spec = importlib.util.spec_from_file_location("_test_mutants_weave", REPO / "mutation" / "weave.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def known_ids() -> tuple[set[str], set[str]]:

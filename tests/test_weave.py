@@ -10,7 +10,6 @@ OpenReg: sites, or, until every file is converted, code of its own.)
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,19 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from kit_support import weaver
+
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "conformance" / "mutants.toml"
 
 
-def _load_weave():
-    spec = importlib.util.spec_from_file_location("_test_weave_module", ROOT / "mutation" / "weave.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-weave = _load_weave()
+weave = weaver()
 
 # The files whose mutants all live in the registry: no mutant code is left in
 # them (issue 37 converts the rest file by file; at the end this is all of
