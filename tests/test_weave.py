@@ -148,3 +148,16 @@ def test_the_import_hook_weaves_only_the_selected_mutant(tmp_path):
     assert woven.returncode == 0, woven.stderr
     loader, filename = woven.stdout.split()
     assert loader == "_WovenLoader" and filename == str((ROOT / site.file).resolve())
+
+
+def test_every_cxx_file_with_sites_is_compiled_woven():
+    """Weave.cmake weaves only the sources of the targets it knows: a site in
+    a file no such target compiles (a header, a new target) would leave its
+    mutant silently absent from the build. `make build` wrote a woven copy
+    of every C++ file that has sites."""
+    woven = ROOT / "build" / "openreg" / "woven"
+    if not woven.is_dir():
+        pytest.skip("OpenReg is not built here with OPENREG_WEAVE (make build)")
+    files = {s.file for s in weave.load_sites(REGISTRY) if s.file.endswith(weave.CXX_SUFFIXES)}
+    missing = sorted(f for f in files if not (woven / f).is_file())
+    assert not missing, f"C++ files with sites that the build compiles clean: {missing}"
