@@ -36,7 +36,7 @@ export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 # the checkout, so a fresh clone anywhere reuses what an earlier one compiled.
 export CCACHE_BASEDIR := $(CURDIR)
 
-.PHONY: conformance test test-process test-newest-torch fixture-build fixture-build-locked fixture-conformance torch-matrix mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
+.PHONY: conformance test test-process test-clean-build test-newest-torch fixture-build fixture-build-locked fixture-conformance torch-matrix mutants benchmarks build build-locked docs setup system-packages sanitizers fuzz fuzz-smoke stress
 
 ## Main job: the conformance suite against the reference backend; the
 ## compliance report lands in $(REPORT_DIR)/ (JSON, JUnit, Markdown, HTML, badge).
@@ -65,7 +65,32 @@ test: build
 	$(MAKE) --no-print-directory sanitizers fuzz-smoke
 	$(PYTHON) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder -q -rs -m "not mutation"
 	$(MAKE) --no-print-directory test-process
+	$(MAKE) --no-print-directory test-clean-build
 	$(MAKE) --no-print-directory test-newest-torch
+
+## OpenReg as a vendor copying it gets it: built from its clean sources
+## without the mutant weaver (docs/mutation-testing.md), installed (not
+## editable) with the kit into an environment of its own that borrows the
+## project environment's packages (torch, pytest) but none of its start-up
+## hooks (no mutant weaving, no editable OpenReg). The runtime's GoogleTest
+## suite and a sample of OpenReg's backend tests run on it: the woven build
+## the other targets test is the clean one when no mutant is selected.
+CLEAN_DIR := $(BUILD_ROOT)/openreg-clean
+CLEAN_PYTHON := $(CLEAN_DIR)/venv/bin/python
+CLEAN_BUILD_TESTS := $(addprefix tests/test_,allocator.py async_operators.py device_management.py guard.py hooks.py \
+  inductor.py memory.py rng.py streams_events.py tensors.py)
+test-clean-build: build
+	test -x $(CLEAN_PYTHON) || $(PYTHON) -m venv --without-pip $(CLEAN_DIR)/venv
+	$(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(CLEAN_PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/project-packages.pth"
+	$(CLEAN_PYTHON) -m pip install --quiet --no-deps --no-build-isolation .
+	$(CLEAN_PYTHON) -m pip install --quiet --no-deps --no-build-isolation ./reference_backend \
+	  --config-settings=build-dir=$(abspath $(CLEAN_DIR))/cmake \
+	  --config-settings=cmake.define.OPENREG_BUILD_TESTS=ON
+	ctest --test-dir $(CLEAN_DIR)/cmake --output-on-failure
+	cd $(CLEAN_DIR) && $(abspath $(CLEAN_PYTHON)) -c "import openreg, sys; \
+	  sys.exit(0 if openreg.__file__.startswith('$(abspath $(CLEAN_DIR))') else 'not the clean build: ' + openreg.__file__)"
+	$(CLEAN_PYTHON) -m pytest $(CLEAN_BUILD_TESTS) -n 2 --dist loadfile -q -rs -m "not mutation"
 
 ## The suite against the independent conforming fixture pu1_sync, built
 ## against $(TORCH) (the kit and the fixture only: no OpenReg), at
@@ -113,9 +138,9 @@ mutants: build
 	@# The mutants of contracts that need a newer torch (min_torch) run there:
 	@# OpenReg and the kit built in the newest supported torch's environment.
 	$(MAKE) --no-print-directory build TORCH=$(NEWEST_TORCH)
-	$(PYTHON) -m openreg.mutants --jobs 2 --newer-python .venv-torch-$(NEWEST_TORCH)/bin/python \
+	$(PYTHON) mutation/run.py --jobs 2 --newer-python .venv-torch-$(NEWEST_TORCH)/bin/python \
 	  --output $(KILL_MATRIX)
-	$(PYTHON) -m openreg.mutants --markdown $(KILL_MATRIX) --docs docs/mutation-testing.md
+	$(PYTHON) mutation/run.py --markdown $(KILL_MATRIX) --docs docs/mutation-testing.md
 	$(PYTHON) -m pytest tests/test_mutants.py -q -m mutation
 
 # Sanitizer builds of the runtime (plain C++, no torch): each a standalone

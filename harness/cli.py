@@ -20,7 +20,7 @@ one run; diff, render and merge 2 when a report cannot be read or is not
 schema-valid.
 
 The mutation run of the reference backend is OpenReg's own command
-(`python -m openreg.mutants`, docs/mutation-testing.md), not the vendor's.
+(`python mutation/run.py`, docs/mutation-testing.md), not the vendor's.
 """
 
 from __future__ import annotations

@@ -506,7 +506,7 @@ def format_matrix(result: dict) -> str:
 # ------------------------------------------------------------------ docs
 
 TABLE_BEGIN = ("<!-- mutants:begin - generated from conformance/mutants.toml and "
-               "docs/mutation-kill-matrix.json by `python -m openreg.mutants --markdown "
+               "docs/mutation-kill-matrix.json by `python mutation/run.py --markdown "
                "docs/mutation-kill-matrix.json --docs docs/mutation-testing.md`; do not edit -->")
 TABLE_END = "<!-- mutants:end -->"
 

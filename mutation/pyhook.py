@@ -10,6 +10,16 @@ sys.meta_path: the modules that have sites of that mutant are compiled from
 their woven source (never from a cached .pyc), under the clean file's name
 and line numbers. Forked and new interpreters inherit the selection and the
 hook, as the C++ schemata inherit it through the environment.
+
+Two more duties of a selection, which OpenReg's clean sources know nothing
+of:
+- an OPENREG_MUTANT that names no mutant of the registry is an error at
+  `import openreg` (a typo must not silently run the unmutated backend);
+- the selected mutant gets an Inductor cache folder of its own
+  (TORCHINDUCTOR_CACHE_DIR gains a `openreg-mutant-<id>` level): Inductor
+  reuses generated code across processes by a key that knows nothing of the
+  mutant, so code generated under a mutant would otherwise be served to the
+  unmutated backend sharing the folder.
 """
 
 from __future__ import annotations
@@ -75,12 +85,48 @@ def _weaver():
     return _WEAVER
 
 
+class _UnknownMutant(importlib.abc.MetaPathFinder):
+    """Refuses to import OpenReg under a selection that names no mutant."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "openreg":
+            raise RuntimeError(self._message)
+        return None
+
+
+def _own_inductor_cache(selected: str) -> None:
+    import getpass
+    import tempfile
+
+    level = f"openreg-mutant-{selected}"
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base is None:   # Inductor's default folder
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = "unknown"
+        base = os.path.join(tempfile.gettempdir(), f"torchinductor_{user.replace(os.sep, '_')}")
+    if os.path.basename(os.path.normpath(base)) != level:   # (a child inherits its parent's)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, level)
+
+
 def install() -> None:
     selected = os.environ.get("OPENREG_MUTANT")
-    if not selected or any(type(f).__name__ == "_WovenFinder" for f in sys.meta_path):
+    if not selected or any(type(f).__name__ in ("_WovenFinder", "_UnknownMutant") for f in sys.meta_path):
         return
+    weaver = _weaver()
+    known = weaver.mutant_ids(REGISTRY)
+    if selected not in known:
+        sys.meta_path.insert(0, _UnknownMutant(
+            f"OPENREG_MUTANT={selected!r} names no mutant of OpenReg (its {len(known)} mutants are those "
+            f"of {REGISTRY}); unset it to run OpenReg unmutated"))
+        return
+    _own_inductor_cache(selected)
     by_path: dict[str, list] = {}
-    for site in _weaver().load_sites(REGISTRY):
+    for site in weaver.load_sites(REGISTRY):
         if site.mutant == selected and site.file.endswith(".py"):
             by_path.setdefault(str((ROOT / site.file).resolve()), []).append(site)
     if by_path:

@@ -101,6 +101,11 @@ def load_sites(registry: Path) -> list[Site]:
     return sites
 
 
+def mutant_ids(registry: Path) -> set[str]:
+    """The IDs of the registry's mutants (those a selection may name)."""
+    return {m.get("id") for m in tomllib.loads(registry.read_text(encoding="utf-8")).get("mutant", [])}
+
+
 @dataclass(frozen=True)
 class _Placed:
     site: Site

@@ -254,10 +254,20 @@ def verify_problems(stdout: str) -> list[str]:
 
 
 @functools.cache
-def weaver():
-    """mutation/weave.py (the mutant weaver: no installed module), loaded once by its path."""
-    spec = importlib.util.spec_from_file_location("_kit_support_weave", REPO / "mutation" / "weave.py")
+def _mutation_module(name: str):
+    """A module of mutation/ (no installed package), loaded by its path."""
+    spec = importlib.util.spec_from_file_location(f"_kit_support_{name}", REPO / "mutation" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
+
+
+def weaver():
+    """mutation/weave.py, the mutant weaver."""
+    return _mutation_module("weave")
+
+
+def mutation_runner():
+    """mutation/run.py, the mutation run's command."""
+    return _mutation_module("run")

@@ -1,13 +1,13 @@
 """Mutation testing of the suite (docs/mutation-testing.md): the mutant
-registry is consistent with the contracts and with the injections in the
-reference backend, selecting a mutant is safe, the docs' table is generated
+registry is consistent with the contracts, every mutant has sites to be
+woven into the reference backend, selecting a mutant is safe, the docs' table is generated
 from the registry, and every mutant is killed on its clauses by the real
 runner, with OpenReg's instrumentation and without it.
 
 The recorded kill matrix (docs/mutation-kill-matrix.json, written by `make
 mutants`) must list every mutant as killed where it must be, and must have
-been measured on this very tree: a change to conformance/, harness/ or
-reference_backend/ makes it stale until it is recorded again.
+been measured on this very tree: a change to conformance/, harness/,
+mutation/ or reference_backend/ makes it stale until it is recorded again.
 
 `make test` re-proves a sample through the real runner: for each contract
 area one mutant and one configuration chosen by the commit (so that over
@@ -32,13 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from kit_support import REPO, run_pytest, weaver
-from openreg import mutants as openreg_mutants
+from kit_support import REPO, mutation_runner, run_pytest, weaver
 from privateuse1_conformance.harness import cli
 from privateuse1_conformance.harness import mutants as mutants_mod
 from privateuse1_conformance.harness import registry as registry_mod
 
-BACKEND_SOURCES = REPO / "reference_backend"
 DOCS_PAGE = REPO / "docs" / "mutation-testing.md"
 RECORDED_MATRIX = REPO / "docs" / "mutation-kill-matrix.json"
 
@@ -47,9 +45,6 @@ RECORDED_MATRIX = REPO / "docs" / "mutation-kill-matrix.json"
 AREAS = {"device-management", "hooks", "guard", "streams", "events", "generators", "memory", "tensors",
          "serialization", "threads", "bad-input", "amp", "compile"}
 PINNED_CONTRACTS = {"MM-PIN-001", "HK-PIN-001", "HK-PIN-002", "MM-COPY-001"}
-
-CXX_SITE = re.compile(r'mutant::is\(\s*"([a-z0-9-]+)"\s*\)')
-PY_SITE = re.compile(r'_mutants\.active\(\s*"([a-z0-9-]+)"\s*\)')
 
 
 @pytest.fixture(scope="module")
@@ -62,26 +57,13 @@ def registry(contracts):
     return mutants_mod.load(mutants_mod.default_path(), contracts)
 
 
-def injection_sites(pattern: re.Pattern, suffixes: tuple[str, ...]) -> dict[str, list[str]]:
-    """Mutant ID -> files of the reference backend that inject it: its sites
-    in the registry (woven in by mutation/weave.py), or code of its own in
-    the files not converted yet."""
+def injection_sites() -> dict[str, list[str]]:
+    """Mutant ID -> the files of the reference backend its sites go into
+    (woven in by mutation/weave.py)."""
     sites: dict[str, list[str]] = {}
-    for path in sorted(BACKEND_SOURCES.rglob("*")):
-        if path.suffix in suffixes and "tests" not in path.relative_to(BACKEND_SOURCES).parts:
-            for mutant_id in pattern.findall(path.read_text()):
-                sites.setdefault(mutant_id, []).append(str(path.relative_to(REPO)))
     for site in weaver().load_sites(mutants_mod.default_path()):
-        if site.file.endswith(suffixes):
-            sites.setdefault(site.mutant, []).append(site.file)
+        sites.setdefault(site.mutant, []).append(site.file)
     return sites
-
-
-def known_ids() -> tuple[set[str], set[str]]:
-    """(C++ known(), Python KNOWN) of the installed backend."""
-    import openreg
-
-    return set(openreg._C._known_mutants()), set(openreg._mutants.KNOWN)
 
 
 # ------------------------------------------------------------- registry
@@ -120,27 +102,13 @@ def test_registry_rejects_unknown_contracts(tmp_path, contracts):
         mutants_mod.load(bad, contracts)
 
 
-def test_every_mutant_is_implemented_and_every_implementation_registered(registry):
-    cxx, python = known_ids()
-    implemented = cxx | python
-    missing = sorted(set(registry.mutants) - implemented)
-    assert not missing, f"mutants of the registry that the backend does not implement: {missing}"
-    extra = sorted(implemented - set(registry.mutants))
-    assert not extra, f"mutants the backend implements that the registry does not list: {extra}"
-
-
 def test_every_mutant_has_an_injection_site(registry):
-    cxx_sites = injection_sites(CXX_SITE, (".cpp", ".h"))
-    py_sites = injection_sites(PY_SITE, (".py",))
-    cxx, python = known_ids()
-    assert set(cxx_sites) == cxx, (
-        f"C++ injection sites and openreg::mutant::known() differ: sites only {sorted(set(cxx_sites) - cxx)}, "
-        f"known() only {sorted(cxx - set(cxx_sites))}")
-    assert set(py_sites) == python, (
-        f"Python injection sites and openreg._mutants.KNOWN differ: sites only {sorted(set(py_sites) - python)}, "
-        f"KNOWN only {sorted(python - set(py_sites))}")
-    without = sorted(set(registry.mutants) - set(cxx_sites) - set(py_sites))
-    assert not without, f"mutants without an injection site in reference_backend/: {without}"
+    sites = injection_sites()
+    without = sorted(set(registry.mutants) - set(sites))
+    assert not without, f"mutants without a site in the reference backend: {without}"
+    for mutant_id, files in sites.items():
+        missing = sorted({f for f in files if not (REPO / f).is_file()})
+        assert not missing, f"{mutant_id}: sites in files that do not exist: {missing}"
 
 
 # ------------------------------------------------------------ selection
@@ -150,7 +118,7 @@ def _import_openreg(mutant: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "OPENREG_MUTANT"}
     if mutant is not None:
         env["OPENREG_MUTANT"] = mutant
-    code = "import openreg; print(repr(openreg._mutants.SELECTED))"
+    code = "import openreg; print('imported')"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -164,17 +132,38 @@ def test_an_unknown_mutant_fails_at_import():
 def test_no_mutant_selected(value):
     proc = _import_openreg(value)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "None"
+    assert proc.stdout.strip() == "imported"
 
 
-def test_a_known_mutant_is_selected_in_both_layers():
-    # A C++ mutant visible from Python: the hooks' deviceCount is one too many.
-    env = {**os.environ, "OPENREG_MUTANT": "hooks-count-disagrees"}
+@pytest.mark.parametrize("mutant, expected", [
+    (None, ["0", "True"]),
+    ("hooks-count-disagrees", ["1", "True"]),       # C++ (woven at build time): deviceCount one too many
+    ("module-is-available-false", ["0", "False"]),  # Python (woven at import): is_available() says False
+])
+def test_a_mutant_is_selected_in_its_layer(mutant, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OPENREG_MUTANT"}
+    if mutant:
+        env["OPENREG_MUTANT"] = mutant
     code = ("import torch, openreg; print(torch._C._accelerator_hooks_device_count() - openreg.device_count(), "
-            "openreg._mutants.SELECTED)")
+            "openreg.is_available())")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["1", "hooks-count-disagrees"]
+    assert proc.stdout.split() == expected
+
+
+def test_a_selected_mutant_has_an_inductor_cache_of_its_own(tmp_path):
+    """Inductor reuses generated code across processes by a key that knows
+    nothing of the mutant: a selection moves the cache one level down, once,
+    for the process and its children."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENREG_MUTANT"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    code = ("import os, subprocess, sys; print(os.environ['TORCHINDUCTOR_CACHE_DIR']); sys.stdout.flush(); "
+            "subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"TORCHINDUCTOR_CACHE_DIR\"])'])")
+    for mutant, folder in ((None, tmp_path), ("hooks-count-disagrees", tmp_path / "openreg-mutant-hooks-count-disagrees")):
+        proc = subprocess.run([sys.executable, "-c", code], env={**env, **({"OPENREG_MUTANT": mutant} if mutant else {})},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == [str(folder)] * 2
 
 
 # ----------------------------------------------------------------- docs
@@ -229,7 +218,7 @@ def test_docs_table_is_generated_from_the_registry(registry, contracts):
     matrix = _matrix()
     page = DOCS_PAGE.read_text()
     assert mutants_mod.generated_block(page) == mutants_mod.render_table(registry, contracts, matrix), (
-        "the table of docs/mutation-testing.md is stale: regenerate it with `python -m openreg.mutants "
+        "the table of docs/mutation-testing.md is stale: regenerate it with `python mutation/run.py "
         "--markdown docs/mutation-kill-matrix.json --docs docs/mutation-testing.md`")
     for mutant in registry.mutants.values():
         assert f"| `{mutant.id}` |" in page
@@ -238,7 +227,7 @@ def test_docs_table_is_generated_from_the_registry(registry, contracts):
 def test_markdown_command_prints_the_table(registry, contracts):
     out = io.StringIO()
     with redirect_stdout(out):
-        code = openreg_mutants.main(["--markdown", str(RECORDED_MATRIX)])
+        code = mutation_runner().main(["--markdown", str(RECORDED_MATRIX)])
     assert code == 0
     assert out.getvalue() == mutants_mod.render_table(registry, contracts, json.loads(RECORDED_MATRIX.read_text()))
 
@@ -439,7 +428,7 @@ def test_ordering_mutant_is_killed_in_every_run(mutant_id, registry, contracts, 
 
 
 def test_the_vendor_cli_has_no_mutants_command(capsys):
-    """The mutation run is OpenReg's command (python -m openreg.mutants), not the vendor's."""
+    """The mutation run is OpenReg's command (python mutation/run.py), not the vendor's."""
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["mutants"])
     assert exit_info.value.code == 2

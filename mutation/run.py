@@ -1,16 +1,16 @@
 """OpenReg's mutation run: the conformance suite against every mutant of OpenReg.
 
-    python -m openreg.mutants [--jobs N] [--only ID ...] [--configuration C] [--timeout S] [--output F]
+    python mutation/run.py [--jobs N] [--only ID ...] [--configuration C] [--timeout S] [--output F]
                               [--newer-python PYTHON]
-    python -m openreg.mutants --markdown KILL_MATRIX.json [--docs PAGE.md]
+    python mutation/run.py --markdown KILL_MATRIX.json [--docs PAGE.md]
 
 Each mutant (conformance/mutants.toml, selected with OPENREG_MUTANT) breaks
 one clause of a contract; the run requires the suite to reject each on that
 clause, with OpenReg's instrumentation and without it (docs/mutation-testing.md).
 The kill matrix it writes names the tree it was measured on (the commit and
 a digest of conformance/, harness/, mutation/ and reference_backend/). This is how the
-kit's authors prove its checks can fail, so it is OpenReg's command, not
-part of the vendor's CLI. It needs the kit installed
+kit's authors prove its checks can fail, so it lives beside the weaver, not
+in the vendor's CLI or in OpenReg. It needs the kit installed
 (privateuse1-conformance), whose mutation machinery
 (privateuse1_conformance.harness.mutants) it drives.
 
@@ -106,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m openreg.mutants",
+        prog="python mutation/run.py",
         description="Run the conformance suite against every mutant of OpenReg "
                     "(exit 1 unless all are killed on target)")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="mutants run in parallel")
