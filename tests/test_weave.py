@@ -40,6 +40,7 @@ CLEAN_FILES = [
     "reference_backend/csrc/Guard.cpp",
     "reference_backend/csrc/Hooks.cpp",
     "reference_backend/csrc/Hooks.h",
+    "reference_backend/csrc/Kernels.cpp",
     "reference_backend/csrc/Profiler.cpp",
     "reference_backend/csrc/Quantized.cpp",
     "reference_backend/csrc/Rnn.cpp",

@@ -4,7 +4,6 @@
 #include "DeviceKernel.h"
 #include "DeviceManagement.h"
 #include "Exception.h"
-#include "Mutants.h"
 #include "Quantized.h"
 #include "Stream.h"
 
@@ -27,9 +26,8 @@ namespace {
 constexpr auto kKey = c10::DispatchKey::PrivateUse1;
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
-  if (!device.has_value() || !device->has_index()) return mutant::is("no-index-means-device-0") ? 0 : current_device();
+  if (!device.has_value() || !device->has_index()) return current_device();
   check_openreg_device(*device, "device");
-  if (mutant::is("allocation-on-bad-index-uses-device-0") && device->index() >= device_count()) return 0;
   check_device_index(device->index());
   return device->index();
 }
@@ -49,8 +47,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   return at::detail::empty_generic(size, device_allocator(),
                                    c10::DispatchKeySet(kKey),
                                    c10::dtype_or_default(dtype),
-                                   // Mutant empty-ignores-memory-format: every tensor is contiguous.
-                                   mutant::is("empty-ignores-memory-format") ? std::nullopt : memory_format);
+                                   memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -64,9 +61,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
               "OpenReg: only strided tensors are supported, got layout ",
               *layout);
   const c10::Device target(c10::DeviceType::PrivateUse1, device_of(device));
-  // Mutant cross-device-copy-lands-on-source: no guard, so the memory comes from the current device.
-  const c10::DeviceGuard guard(mutant::is("cross-device-copy-lands-on-source")
-                                   ? c10::Device(c10::DeviceType::PrivateUse1, current_device()) : target);
+  const c10::DeviceGuard guard(target);
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(kKey),
                                            c10::dtype_or_default(dtype));
@@ -85,11 +80,10 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   auto* impl = self.unsafeGetTensorImpl();
   // As on CPU and CUDA, a tensor that already has the size keeps its strides
   // (softmax(x, out=non_contiguous) resizes its out= to the size it has).
-  if (!impl->sizes().equals(size) || mutant::is("resize-same-size-restrides")) {
+  if (!impl->sizes().equals(size)) {
     const int64_t itemsize = static_cast<int64_t>(self.dtype().itemsize());
-    // Mutant resize-ignores-offset: the storage is grown for the new size from its start.
     const size_t needed = at::detail::computeStorageNbytesContiguous(
-        size, itemsize, mutant::is("resize-ignores-offset") ? 0 : self.storage_offset());
+        size, itemsize, self.storage_offset());
     ensure_storage_bytes(self, needed);
     impl->set_sizes_contiguous(size);
   }
@@ -122,7 +116,7 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
   ensure_storage_bytes(self, needed);
   if (stride.empty()) {
     impl->set_sizes_contiguous(size);
-    impl->set_storage_offset(mutant::is("set-storage-offset-ignored") ? 0 : offset);
+    impl->set_storage_offset(offset);
   } else {
     impl->set_sizes_and_strides(size, stride, offset);
   }
@@ -131,8 +125,7 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
 
 at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
-  // Mutant set-storage-counts-bytes: the storage's bytes taken for its elements.
-  const int64_t numel = static_cast<int64_t>(source.nbytes()) / (mutant::is("set-storage-counts-bytes") ? 1 : itemsize);
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
   return set_storage(self, std::move(source), 0, {numel}, {});
 }
 
@@ -145,15 +138,13 @@ at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
   if (self.is_same(source)) return self;
-  // Mutant set-tensor-drops-strides: the source's strides are replaced by contiguous ones.
   return set_storage(self, source.storage(), source.storage_offset(), source.sizes(),
-                     mutant::is("set-tensor-drops-strides") ? c10::IntArrayRef() : source.strides());
+                     source.strides());
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
-  // The empty storage stays on self's device (mutant set-empty-on-current-device: not).
-  const c10::DeviceGuard guard(mutant::is("set-empty-on-current-device")
-                                   ? c10::Device(c10::DeviceType::PrivateUse1, current_device()) : self.device());
+  // The empty storage stays on self's device.
+  const c10::DeviceGuard guard(self.device());
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(),
                      /*resizable=*/true);
   return set_storage(self, empty, 0, {0}, {});
@@ -162,10 +153,8 @@ at::Tensor& set_empty(at::Tensor& self) {
 // ------------------------------------------------------------------ copies
 
 // A tensor whose bytes can be moved as they are: contiguous, and no
-// negation or conjugation bit to apply on the way (mutant
-// copy-ignores-neg-conj-bits: the bits are forgotten).
+// negation or conjugation bit to apply on the way.
 bool plain_layout(const at::Tensor& t) {
-  if (mutant::is("copy-ignores-neg-conj-bits")) return t.is_contiguous();
   return t.is_contiguous() && !t.is_conj() && !t.is_neg();
 }
 
@@ -184,7 +173,6 @@ void validate_copy(const at::Tensor& src, const at::Tensor& dst) {
       src.scalar_type() == dst.scalar_type() && src.is_conj() == dst.is_conj() &&
       src.is_neg() == dst.is_neg();
   if (same_data) return;  // CPU copy_ returns early for these too
-  if (mutant::is("copy-validated-on-device")) return;
   at::TensorIteratorConfig()
       .add_output(dst)
       .add_const_input(src)
@@ -220,7 +208,7 @@ void validate_conversion(c10::ScalarType from, c10::ScalarType to) {
 
 // Same-device copy with conversion/striding: a kernel running CPU copy_.
 void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Stream& stream) {
-  if (!mutant::is("copy-validated-on-device")) validate_conversion(src.scalar_type(), dst.scalar_type());
+  validate_conversion(src.scalar_type(), dst.scalar_type());
   if (process_mode()) {
     launch_copy_in_executor(stream, src, dst);
     return;
@@ -234,7 +222,7 @@ void copy_on_device(const at::Tensor& src, const at::Tensor& dst, const c10::Str
 void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
   const auto dst_index = dst.device().index();
   const auto src_index = src.device().index();
-  const c10::Stream dst_stream = mutant::is("ops-on-default-stream") ? default_stream(dst_index) : current_stream(dst_index);
+  const c10::Stream dst_stream = current_stream(dst_index);
   if (src_index == dst_index) {
     if (plain_layout(src) && plain_layout(dst) && src.dtype() == dst.dtype() &&
         src.sizes().equals(dst.sizes())) {
@@ -253,17 +241,14 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
     staged_src = at::empty(dst.sizes(), src.options().dtype(dst.dtype()));
     copy_device_to_device(src.expand_as(dst), staged_src);
   }
-  // Mutant d2d-orders-after-default-stream: the peer copy follows src's default stream, not its current one.
-  const c10::Stream src_stream = mutant::is("d2d-orders-after-default-stream") ? default_stream(src_index)
-                                                                               : current_stream(src_index);
+  const c10::Stream src_stream = current_stream(src_index);
   orEvent_t ready = nullptr;
   {
     const c10::DeviceGuard guard(src.device());
     OPENREG_CHECK(orEventCreateWithFlags(&ready, orEventDisableTiming));
     OPENREG_CHECK(orEventRecord(ready, native_stream(src_stream)));
   }
-  const orError_t waited = mutant::is("cross-device-copy-not-ordered") ? orSuccess
-                                                                     : orStreamWaitEvent(native_stream(dst_stream), ready);
+  const orError_t waited = orStreamWaitEvent(native_stream(dst_stream), ready);
   orEventDestroy(ready);
   OPENREG_CHECK(waited);
   at::Tensor target = dst;
@@ -276,8 +261,7 @@ void copy_device_to_device(const at::Tensor& src, const at::Tensor& dst) {
                               native_stream(dst_stream)));
   // The staging buffer is a block of src's device read by dst's stream: it
   // must not be reused before that stream's copy has run.
-  // Mutant d2d-staging-freed-early: the buffer goes back to src's stream's cache at once.
-  if (!mutant::is("d2d-staging-freed-early")) record_stream(staged_src.storage().data_ptr(), dst_stream);
+  record_stream(staged_src.storage().data_ptr(), dst_stream);
   if (!target.is_same(dst)) copy_on_device(target, dst, dst_stream);
 }
 
@@ -291,14 +275,12 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
     const c10::DeviceGuard guard(dst.device());
     target = at::empty(dst.sizes(), dst.options());
   }
-  const size_t nbytes = host.nbytes() - (mutant::is("h2d-drops-last-byte") ? 1 : 0);
+  const size_t nbytes = host.nbytes();
   // Asynchronous only when the bytes are read straight from the caller's
   // pinned memory (no conversion made a temporary).
   const bool pinned_source = host.storage().is_alias_of(src.storage()) &&
       is_pinned_pointer(host.const_data_ptr());
-  // Mutant non-blocking-pageable-returns-early: returns before reading src.
-  const bool returns_early = non_blocking && (pinned_source || mutant::is("non-blocking-pageable-returns-early"));
-  if (target.is_same(dst) && !returns_early) {
+  if (target.is_same(dst) && !(non_blocking && pinned_source)) {
     // One call: on an idle stream the calling thread copies (no hand-over to
     // the stream's worker and back).
     OPENREG_CHECK(orMemcpySync(target.data_ptr(), host.const_data_ptr(), nbytes, orMemcpyHostToDevice, native));
@@ -312,13 +294,11 @@ void copy_host_to_device(const at::Tensor& src, const at::Tensor& dst, bool non_
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
     return;
   }
-  if (returns_early) return;  // the mutant reads src later
   OPENREG_CHECK(orStreamSynchronize(native));  // pageable memory: like CUDA
 }
 
 void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  const c10::Stream stream = mutant::is("d2h-copy-on-default-stream") ? default_stream(src.device().index())
-                                                                      : current_stream(src.device().index());
+  const c10::Stream stream = current_stream(src.device().index());
   const orStream_t native = native_stream(stream);
   at::Tensor source = src;
   if (!plain_layout(src)) {
@@ -329,14 +309,10 @@ void copy_device_to_host(const at::Tensor& src, const at::Tensor& dst, bool non_
   const bool direct = plain_layout(dst) && dst.dtype() == src.dtype() &&
       dst.sizes().equals(src.sizes());
   at::Tensor host = direct ? dst : at::empty(src.sizes(), src.options().device(c10::kCPU));
-  const size_t nbytes = source.nbytes() - (mutant::is("d2h-drops-last-byte") ? 1 : 0);
+  const size_t nbytes = source.nbytes();
   if (direct && non_blocking && is_pinned_pointer(host.const_data_ptr())) {
     OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
     record_host_use(host.storage().mutable_data(), host.storage().data_ptr().get_context(), stream);
-    return;
-  }
-  if (!direct && non_blocking && mutant::is("non-blocking-conversion-to-host-skipped")) {
-    OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
     return;
   }
   OPENREG_CHECK(orMemcpySync(host.data_ptr(), source.const_data_ptr(), nbytes, orMemcpyDeviceToHost, native));
@@ -353,8 +329,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                 "OpenReg: copy_ between a ", self.scalar_type(), " and a ", dst.scalar_type(),
                 " tensor: a quantized tensor copies only to and from quantized tensors of its dtype "
                 "(quantize or dequantize first)");
-    // Mutant quantized-copy-skipped: nothing moves.
-    if (mutant::is("quantized-copy-skipped")) return dst;
     copy_from(int_view(self), int_view(dst), non_blocking);
     return dst;
   }
@@ -386,15 +360,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "OpenReg: a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
-  const at::Tensor element = mutant::is("item-ignores-offset")
-      ? self.as_strided({}, {}, 0) : self.reshape({});
-  if (mutant::is("item-not-ordered")) {  // read on an idle pool stream, not after the current one
-    const c10::Stream idle = stream_from_pool(self.device().index(), 0);
-    OPENREG_CHECK(orMemcpyAsync(host.data_ptr(), element.const_data_ptr(), element.nbytes(),
-                                orMemcpyDeviceToHost, native_stream(idle)));
-    OPENREG_CHECK(orStreamSynchronize(native_stream(idle)));
-    return host.item();
-  }
+  const at::Tensor element = self.reshape({});
   copy_device_to_host(element, host, /*non_blocking=*/false);
   return host.item();
 }
@@ -415,14 +381,11 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   const double keep = 1.0 - p;
   const double scale = keep == 0 ? 0.0 : 1.0 / keep;
   at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
-  // Mutant dropout-keeps-with-p: the probability of dropping taken for that of keeping.
-  mask.bernoulli_(mutant::is("dropout-keeps-with-p") ? p : keep);
+  mask.bernoulli_(keep);
   return {input.mul(mask).mul_(scale), mask};
 }
 
 void record_stream_op(at::Tensor& self, c10::Stream stream) {
-  if (mutant::is("record-stream-ignored")) return;
-  TORCH_CHECK(!mutant::is("record-stream-raises"), "OpenReg: record_stream is not supported");
   record_stream(self.storage().data_ptr(), stream);
 }
 
@@ -449,10 +412,7 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Mutant shallow-copy-type-unregistered: PyTorch's answer (false) stays.
-  if (!mutant::is("shallow-copy-type-unregistered")) {
-    m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-  }
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
@@ -476,16 +436,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // they do not know either, so it would materialize its argument again, with
 // clone(), forever (a stack overflow). OpenReg's copies apply the bits
 // themselves (plain_layout above: the kernel runs CPU copy_ on aliases that
-// keep the bits), so the two operators pass both fallbacks by. Mutant
-// neg-conj-copy-recurses: they do not.
+// keep the bits), so the two operators pass both fallbacks by.
 TORCH_LIBRARY_IMPL(aten, Negative, m) {
-  if (mutant::is("neg-conj-copy-recurses")) return;
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
-  if (mutant::is("neg-conj-copy-recurses")) return;
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
