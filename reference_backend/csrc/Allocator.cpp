@@ -2,14 +2,12 @@
 
 #include "DeviceManagement.h"
 #include "Exception.h"
-#include "Mutants.h"
 #include "Stream.h"
 
 #include <c10/util/irange.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -119,21 +117,19 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const auto device = current_device();
     const c10::Device torch_device(c10::DeviceType::PrivateUse1, device);
-    TORCH_CHECK(nbytes != 0 || !mutant::is("zero-byte-allocation-fails"),
-                "OpenReg: cannot allocate 0 bytes on device ", static_cast<int>(device));
     if (nbytes == 0) return c10::DataPtr(nullptr, torch_device);
     used_ = true;
     const c10::Stream stream = current_stream(device);
     const size_t size = size_class(nbytes);
     const bool small = size <= kSmallLimit;
-    DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : device];
+    DeviceCache& cache = *caches_[device];
 
     Block* block = nullptr;
     c10::MempoolId_t pool = kNoPool;
     {
       std::lock_guard<std::mutex> lock(cache.mutex);
       for (const auto& [capturing_stream, capture_pool] : cache.capturing) {
-        if (capturing_stream == stream && !mutant::is("graph-allocations-outside-pool")) pool = capture_pool;
+        if (capturing_stream == stream) pool = capture_pool;
       }
       reclaim_finished(cache);
       block = take_cached(cache, pool, stream, size);
@@ -144,8 +140,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       // blocks of this device meanwhile.
       void* ptr = nullptr;
       orError_t status = within_fraction(cache, device, size) ? orMalloc(&ptr, size) : orErrorMemoryAllocation;
-      // Mutant oom-no-release-retry: cached blocks are given back only by empty_cache().
-      if (status == orErrorMemoryAllocation && !mutant::is("oom-no-release-retry")) {
+      if (status == orErrorMemoryAllocation) {
         // Give the cache back to the runtime and try once more.
         {
           std::lock_guard<std::mutex> lock(cache.mutex);
@@ -158,13 +153,11 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         DeviceStats s;
         {
           std::lock_guard<std::mutex> lock(cache.mutex);
-          if (!mutant::is("oom-not-counted")) cache.stats.num_ooms++;
-          if (mutant::is("oom-leaks-failed-allocation")) update(cache.stats.allocated_bytes, size, small, static_cast<int64_t>(size));
+          cache.stats.num_ooms++;
           s = cache.stats;
         }
         size_t free_bytes = 0, total_bytes = 0;
         orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes);
-        if (mutant::is("oom-aborts")) std::abort();
         const double fraction = memory_fraction(static_cast<c10::DeviceIndex>(device));
         TORCH_CHECK_WITH(OutOfMemoryError, false,
             "OpenReg out of memory on device ", static_cast<int>(device),
@@ -214,9 +207,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t mempool_id) override {
     TORCH_CHECK(mempool_id.first == 0 && mempool_id.second == 0,
                 "OpenReg: memory pools are not supported");
-    TORCH_CHECK(used_ || !mutant::is("empty-cache-before-init-raises"),
-                "OpenReg: empty_cache: the device allocator is not initialized");
-    if (mutant::is("empty-cache-keeps-cache")) return;
     for (const auto device : c10::irange(caches_.size())) {
       if (!is_device_initialized(static_cast<c10::DeviceIndex>(device))) continue;
       release_cache(*caches_[device], static_cast<int>(device));
@@ -245,7 +235,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     device = resolve_device_index(device, "device");
-    if (mutant::is("reset-accumulated-keeps-counters")) return;
     DeviceCache& cache = *caches_[device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     for_each_stat(cache.stats, [](Stat& s) { s.reset_accumulated(); });
@@ -258,7 +247,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   void resetPeakStats(c10::DeviceIndex device) override {
     device = resolve_device_index(device, "device");
-    if (mutant::is("peak-never-resets")) return;
     DeviceCache& cache = *caches_[device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     for_each_stat(cache.stats, [](Stat& s) { s.reset_peak(); });
@@ -268,7 +256,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     device = resolve_device_index(device, "device");
     size_t free_bytes = 0, total_bytes = 0;
     OPENREG_CHECK(orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes));
-    if (mutant::is("memory-info-free-constant")) free_bytes = total_bytes;
     return {free_bytes, total_bytes};
   }
 
@@ -337,19 +324,15 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   // Called by the DataPtr deleter; never throws.
   void free(Block* block) noexcept {
-    DeviceCache& cache = *caches_[mutant::is("stats-always-device-0") ? 0 : block->device];
+    DeviceCache& cache = *caches_[block->device];
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.active.erase(block->ptr);
     const bool small = block->size <= kSmallLimit;
-    const bool leak = mutant::is("record-stream-leaks") && !block->uses.empty();
-    if (!mutant::is("stats-ignore-frees") && !leak) {
-      update(cache.stats.allocation, block->size, small, -1);
-      update(cache.stats.active, block->size, small, -1);
-      update(cache.stats.allocated_bytes, block->size, small,
-             -static_cast<int64_t>(mutant::is("stats-free-subtracts-requested-size") ? block->requested : block->size));
-      update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
-      update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
-    }
+    update(cache.stats.allocation, block->size, small, -1);
+    update(cache.stats.active, block->size, small, -1);
+    update(cache.stats.allocated_bytes, block->size, small, -static_cast<int64_t>(block->size));
+    update(cache.stats.active_bytes, block->size, small, -static_cast<int64_t>(block->size));
+    update(cache.stats.requested_bytes, block->size, small, -static_cast<int64_t>(block->requested));
     if (block->pool != kNoPool && !pool_alive(block->pool)) block->pool = kNoPool;
     if (block->uses.empty()) {
       cache.cached[{block->pool, block->stream.id(), block->size}].push_back(block);
@@ -405,17 +388,6 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
 
   static Block* take_cached(DeviceCache& cache, c10::MempoolId_t pool, const c10::Stream& stream,
                             size_t size) {
-    // Mutant cache-shared-across-streams: a block cached for one stream is handed to any stream.
-    if (mutant::is("cache-shared-across-streams")) {
-      for (auto& [key, blocks] : cache.cached) {
-        if (std::get<0>(key) != pool || std::get<2>(key) != size || blocks.empty()) continue;
-        Block* block = blocks.back();
-        blocks.pop_back();
-        block->stream = stream;
-        return block;
-      }
-      return nullptr;
-    }
     auto it = cache.cached.find({pool, stream.id(), size});
     if (it == cache.cached.end() || it->second.empty()) return nullptr;
     Block* block = it->second.back();
@@ -436,7 +408,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(cache.mutex);
       // Blocks of a pool with graphs stay: a replay writes them.
       for (auto it = cache.cached.begin(); it != cache.cached.end();) {
-        if (std::get<0>(it->first) != kNoPool && !mutant::is("empty-cache-frees-graph-pool")) {
+        if (std::get<0>(it->first) != kNoPool) {
           ++it;
           continue;
         }
@@ -451,12 +423,10 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       if (released.empty() && pending.empty()) return;
       cache.stats.num_sync_all_streams++;
     }
-    // Mutant empty-cache-frees-in-use: blocks go back to the runtime while queued work still uses them.
-    const bool wait = !mutant::is("empty-cache-frees-in-use");
-    if (wait) orDeviceSynchronize(device);
+    orDeviceSynchronize(device);
     for (auto& [block, events] : pending) {
       for (orEvent_t e : events) {
-        if (wait) orEventSynchronize(e);  // uses on other devices' streams
+        orEventSynchronize(e);  // uses on other devices' streams
         orEventDestroy(e);
       }
       released.push_back(block);
@@ -486,7 +456,7 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       fraction = cache.fraction;
       reserved = cache.stats.reserved_bytes[0].current;
     }
-    if (fraction >= 1.0 || mutant::is("memory-fraction-ignored")) return true;
+    if (fraction >= 1.0) return true;
     size_t free_bytes = 0, total_bytes = 0;
     if (orDeviceGetMemoryInfo(device, &free_bytes, &total_bytes) != orSuccess) return true;  // orMalloc reports it
     return static_cast<size_t>(reserved) + size <= allowed_bytes(fraction, total_bytes);
@@ -530,8 +500,7 @@ class OpenRegHostAllocator final : public at::HostAllocator {
     reclaim(/*wait=*/false);
     if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
     void* ptr = nullptr;
-    if (mutant::is("pinned-memory-is-pageable")) ptr = std::malloc(nbytes);  // (never freed)
-    else OPENREG_CHECK(orMallocHost(&ptr, nbytes));
+    OPENREG_CHECK(orMallocHost(&ptr, nbytes));
     auto* block = new HostBlock{ptr, nbytes, {}};
     std::lock_guard<std::mutex> lock(mutex_);
     live_.emplace(ptr, block);
@@ -540,9 +509,7 @@ class OpenRegHostAllocator final : public at::HostAllocator {
     stats_.allocations.increase(1);
     stats_.allocated_bytes.increase(nbytes);
     stats_.num_host_alloc++;
-    return c10::DataPtr(ptr, block, &delete_host_block,
-                        mutant::is("pinned-block-claims-device") ? c10::Device(c10::DeviceType::PrivateUse1, 0)
-                                                                 : c10::Device(c10::kCPU));
+    return c10::DataPtr(ptr, block, &delete_host_block, c10::Device(c10::kCPU));
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -552,7 +519,6 @@ class OpenRegHostAllocator final : public at::HostAllocator {
   }
 
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
-    if (mutant::is("pinned-block-freed-before-copy")) return true;
     auto* block = static_cast<HostBlock*>(ctx);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(block ? block->ptr : ptr);
@@ -570,13 +536,6 @@ class OpenRegHostAllocator final : public at::HostAllocator {
   }
 
   void empty_cache() override {
-    // Mutant empty-host-cache-frees-in-use: freed blocks go back to the runtime with their copies still queued.
-    if (mutant::is("empty-host-cache-frees-in-use")) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (HostBlock* block : deferred_) release(block);
-      deferred_.clear();
-      return;
-    }
     reclaim(/*wait=*/true);
   }
 
@@ -666,8 +625,6 @@ void delete_host_block(void* ctx) {
 c10::DeviceAllocator* device_allocator() { return &the_device_allocator(); }
 
 void set_memory_fraction(c10::DeviceIndex device, double fraction) {
-  // Mutant memory-fraction-clamped: a fraction out of range is silently clamped into it.
-  if (mutant::is("memory-fraction-clamped")) fraction = std::min(1.0, std::max(0.0, fraction));
   TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "OpenReg: set_per_process_memory_fraction: fraction=", fraction,
                     " is out of range: valid fractions are [0, 1]");
   the_device_allocator().set_memory_fraction(device, fraction);
@@ -699,14 +656,13 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {
               "is not resizable");
   const c10::Device device = storage->device();
   check_openreg_device(device, "storage.device");
-  TORCH_CHECK(new_nbytes != 0 || !mutant::is("resize-to-zero-fails"), "OpenReg: cannot resize a storage to 0 bytes");
-  const auto previous = mutant::is("resize-on-current-device") ? current_device() : exchange_device(device.index());
+  const auto previous = exchange_device(device.index());
   try {
     c10::DataPtr fresh = new_nbytes == 0
         ? c10::DataPtr(nullptr, device)
         : the_device_allocator().allocate(new_nbytes);
     const size_t common = std::min(storage->nbytes(), new_nbytes);
-    if (common > 0 && !mutant::is("resize-drops-data")) {
+    if (common > 0) {
       const c10::Stream stream = current_stream(device.index());
       OPENREG_CHECK(orMemcpyAsync(fresh.get(), storage->data(), common,
                                   orMemcpyDeviceToDevice, native_stream(stream)));

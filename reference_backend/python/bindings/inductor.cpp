@@ -4,7 +4,6 @@
 // device, and mapping device memory for the kernel on the stream's worker.
 #include "inductor.h"
 
-#include <Mutants.h>
 #include <Stream.h>
 
 #include <openreg/runtime.h>
@@ -26,8 +25,7 @@ int describe_tensor(PyObject* object, const char* kernel_name, int argument, Ope
     return -1;
   }
   const at::Tensor& t = THPVariable_Unpack(object);
-  if (t.device().is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided &&
-      !openreg::mutant::is("inductor-host-scalars-refused")) {
+  if (t.device().is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided) {
     // A host scalar: its value now, as a GPU kernel's by-value argument (the
     // host may change the tensor before the kernel runs, as an optimizer
     // increments its step counter).
@@ -38,7 +36,6 @@ int describe_tensor(PyObject* object, const char* kernel_name, int argument, Ope
     std::memcpy(out->value, resolved.const_data_ptr(), resolved.nbytes());
     return 0;
   }
-  // Mutant inductor-host-scalars-refused: 0-dim CPU tensors are refused as every other CPU tensor is.
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     // A kernel of the device never reads host memory: the host may change it
     // before the kernel runs (as a CUDA kernel cannot read pageable memory).
@@ -80,9 +77,7 @@ orError_t run_launch(void* argument) {
 int launch_call(int device, OpenRegInductorKernel run, void* call, void (*release)(void*)) {
   try {
     const auto index = static_cast<c10::DeviceIndex>(device);
-    // Mutant inductor-kernels-on-default-stream: the caller's current stream is ignored.
-    const c10::Stream stream = openreg::mutant::is("inductor-kernels-on-default-stream")
-        ? openreg::default_stream(index) : openreg::current_stream(index);
+    const c10::Stream stream = openreg::current_stream(index);
     auto* launch = new Launch{run, call, release};
     const orStream_t native = openreg::native_stream(stream);
     const orError_t status = orLaunchKernel(native, &run_launch, launch);
@@ -115,8 +110,7 @@ void* map_tensor(const OpenRegInductorTensor* tensor, int* failed) {
     *failed = 1;
     return nullptr;
   }
-  // Mutant inductor-map-ignores-offset: a view's first element is taken to be its storage's.
-  return static_cast<char*>(accessible) + (openreg::mutant::is("inductor-map-ignores-offset") ? 0 : tensor->offset);
+  return static_cast<char*>(accessible) + tensor->offset;
 }
 
 void fail(const char* message) { orKernelSetError(message); }

@@ -79,9 +79,7 @@ void lazy_init() {
               "OpenReg: cannot re-initialize OpenReg in a forked subprocess. To "
               "use OpenReg with multiprocessing, use the 'spawn' start method");
   // A child forked after this point is marked "bad fork" by PyTorch.
-  if (!openreg::mutant::is("fork-not-detected")) {
-    torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
-  }
+  torch::utils::register_fork_handler_for_device_init(at::kPrivateUse1);
   at::globalContext().lazyInitDevice(at::kPrivateUse1);
   g_python_initialized.store(true, std::memory_order_release);
 }
