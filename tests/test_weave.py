@@ -36,6 +36,7 @@ CLEAN_FILES = [
     "reference_backend/csrc/BackendMeta.cpp",
     "reference_backend/csrc/DeviceKernel.cpp",
     "reference_backend/csrc/DeviceManagement.cpp",
+    "reference_backend/csrc/Fallback.cpp",
     "reference_backend/csrc/Generator.cpp",
     "reference_backend/csrc/Graph.cpp",
     "reference_backend/csrc/Guard.cpp",

@@ -26,7 +26,6 @@
 #include "Exception.h"
 #include "Generator.h"
 #include "MetaKernels.h"
-#include "Mutants.h"
 #include "OperatorPayload.h"
 #include "Stream.h"
 #include "Allocator.h"
@@ -106,7 +105,7 @@ c10::DeviceIndex find_device(const c10::FunctionSchema& schema,
     const std::string& name = schema.arguments()[i].name();
     // A CPU scalar may be an input next to device tensors (as on CUDA), never
     // a tensor the operator writes (an out= tensor).
-    const bool written = writes(schema.arguments()[i]) && !mutant::is("fallback-cpu-out-written-to-copy");
+    const bool written = writes(schema.arguments()[i]);
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (on_openreg(t)) {
@@ -200,9 +199,8 @@ bool grow_out_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 // Host side, at a random kernel's launch: the generator its CPU kernel gets
 // for a `Generator?` argument: a CPU generator of its own, whose state is the
 // next words of the OpenReg generator's sequence (the device's default one
-// for None), and how to give those words back (KernelGenerator::undo; none
-// for None under the mutant below). Rejects generators of another device
-// type, at the call.
+// for None), and how to give those words back (KernelGenerator::undo).
+// Rejects generators of another device type, at the call.
 KernelGenerator kernel_generator_for(const c10::IValue& value, c10::DeviceIndex device) {
   // The words are drawn here, at the launch: a graph's replays would not
   // draw from the device's generator.
@@ -211,7 +209,6 @@ KernelGenerator kernel_generator_for(const c10::IValue& value, c10::DeviceIndex 
               "): its numbers come from the device's generator when it is launched, which a replay does not do; "
               "run it outside the capture");
   if (value.isNone()) {
-    if (mutant::is("random-ops-use-cpu-generator")) return {};  // the CPU default generator
     return kernel_generator(default_generator(device));
   }
   const at::Generator generator = value.toGenerator();
@@ -275,27 +272,16 @@ at::Tensor to_device(const at::Tensor& t, const AliasBuilder& builder,
               ": its CPU kernel returned a tensor with layout ", t.layout(),
               ", but OpenReg supports strided tensors only");
   const c10::Storage* storage = builder.device_storage_of(t.storage().unsafeGetStorageImpl());
-  if (storage && !mutant::is("fallback-views-are-copies")) {
+  if (storage) {
     return device_view(*storage, t, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1));
   }
   const auto options = t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device));
-  // Mutant results-always-contiguous: results lose the layout the CPU kernel gave them.
-  at::Tensor result = t.is_non_overlapping_and_dense() && !mutant::is("results-always-contiguous")
+  // A dense result keeps the layout the CPU kernel gave it.
+  at::Tensor result = t.is_non_overlapping_and_dense()
       ? at::empty_strided(t.sizes(), t.strides(), options)
       : at::empty(t.sizes(), options);
   result.copy_(t);
   return result;
-}
-
-// Mutant opinfo-sub-ignores-strides: sub reads its inputs as if they were
-// contiguous (their storage, in order). Applied to the CPU kernel's arguments.
-void apply_input_mutants(const c10::FunctionSchema& schema, std::vector<c10::IValue>& cpu_args) {
-  if (!(mutant::is("opinfo-sub-ignores-strides") && schema.name() == "aten::sub")) return;
-  for (auto& arg : cpu_args) {
-    if (!arg.isTensor() || !arg.toTensor().defined() || arg.toTensor().is_contiguous()) continue;
-    const at::Tensor t = arg.toTensor();
-    arg = t.as_strided(t.sizes(), c10::contiguous_strides(t.sizes()), t.storage_offset());
-  }
 }
 
 // The argument that return `r` is (an in-place or out= result: the caller's
@@ -308,32 +294,6 @@ std::optional<size_t> returned_argument(const c10::FunctionSchema& schema, size_
     if (info && info->isWrite() && info->beforeSets() == ret->beforeSets()) return i;
   }
   return std::nullopt;
-}
-
-// Mutants that break single operators (the operators area must catch
-// each): a wrong result for one dtype, a backward that drops a term, an
-// in-place variant that writes a wrong result.
-void apply_operator_mutants(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args,
-                            torch::jit::Stack& results) {
-  if (results.empty() || !results[0].isTensor()) return;
-  const at::Tensor result = results[0].toTensor();
-  if (!result.defined()) return;
-  if (mutant::is("opinfo-mul-int32-off-by-one") && schema.name() == "aten::mul" &&
-      result.scalar_type() == at::kInt) {
-    result.add_(1);
-  } else if (mutant::is("opinfo-tanh-backward-drops-term") && schema.name() == "aten::tanh_backward" &&
-             args[0].isTensor()) {
-    result.copy_(args[0].toTensor());  // grad_output alone: the (1 - tanh^2) factor is dropped
-  } else if (mutant::is("opinfo-addcmul-inplace-off-by-one") && schema.name() == "aten::addcmul_" &&
-             result.is_floating_point()) {
-    result.add_(1);  // the in-place kernel only (see the registration of addcmul_ below)
-  } else if (mutant::is("opinfo-exp-float64-in-float32") && schema.name() == "aten::exp" && args[0].isTensor() &&
-             result.scalar_type() == at::kDouble) {
-    result.copy_(args[0].toTensor().to(at::kFloat).exp());  // float64 computed at float32's precision
-  } else if (mutant::is("opinfo-index-select-out-off-by-one") && schema.name() == "aten::index_select" &&
-             schema.overload_name() == "out" && result.is_floating_point()) {
-    result.add_(1);  // index_select has its own out= kernel: only out= is wrong
-  }
 }
 
 // ---------------------------------------------------------------- asynchronous path
@@ -677,12 +637,9 @@ at::Tensor device_tensor_with(const c10::Storage& storage, const Geometry& g) {
 // tensors (TensorRefs only); the CPU scalars it owns are plain C++ tensors,
 // freed on the worker without Python or the device allocator.
 bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
-                      c10::DeviceIndex generator_device, PendingAnswer& pending) {
+                      PendingAnswer& pending) {
   const auto& schema = op.schema();
   if (!async_operators_on.load(std::memory_order_relaxed)) return false;
-  // Mutant fallback-synchronous-operators: every operator waits, while the
-  // manifest still claims async-operators (ST-ASYNC-001).
-  if (mutant::is("fallback-synchronous-operators")) return false;
   if (!schema_may_run_async(schema) || !op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return false;
   }
@@ -726,13 +683,12 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
         const int group = group_of_storage.emplace(t.storage().unsafeGetStorageImpl(), ref).first->second;
         q.refs.push_back(ref);
         q.cpu.emplace_back();
-        // Mutants async-key-ignores-offset and async-key-ignores-strides: answers meet across layouts.
+        // The key holds its whole layout (offset, sizes, strides): answers never meet across layouts.
         key.insert(key.end(), {1, ref, group, static_cast<int64_t>(t.storage().nbytes()),
-                               static_cast<int64_t>(t.scalar_type()), t.dim(),
-                               mutant::is("async-key-ignores-offset") ? 0 : t.storage_offset(),
+                               static_cast<int64_t>(t.scalar_type()), t.dim(), t.storage_offset(),
                                t.is_conj(), t.is_neg()});
         key.insert(key.end(), t.sizes().begin(), t.sizes().end());
-        if (!mutant::is("async-key-ignores-strides")) key.insert(key.end(), t.strides().begin(), t.strides().end());
+        key.insert(key.end(), t.strides().begin(), t.strides().end());
         return;
       }
       // A CPU scalar next to device tensors: copied now, since the caller may
@@ -885,7 +841,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
       if (m.layout() != c10::kStrided) return false;
       g = geometry_of_tensor(m);
       auto aliased = ref_of_meta_storage.find(m.storage().unsafeGetStorageImpl());
-      if (aliased != ref_of_meta_storage.end() && !mutant::is("fallback-views-are-copies")) {
+      if (aliased != ref_of_meta_storage.end()) {
         g.view_of = aliased->second;
         return true;
       }
@@ -946,9 +902,7 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
       queued_outputs.push_back({r, element, g.view_of, true});
       return device_tensor_with(ref_tensors[g.view_of].storage(), g);
     }
-    at::Tensor result = mutant::is("results-always-contiguous")
-        ? at::empty(g.sizes, options.dtype(g.dtype))
-        : at::empty_strided(g.sizes, g.strides, options.dtype(g.dtype));
+    at::Tensor result = at::empty_strided(g.sizes, g.strides, options.dtype(g.dtype));
     const int ref = static_cast<int>(refs.size());
     refs.emplace_back(result);
     queued_outputs.push_back({r, element, ref, false});
@@ -977,16 +931,15 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
 
   // Worker side: aliases over the device memory, the CPU kernel, and its
   // fresh results copied into the preallocated ones.
-  // Mutant ops-on-default-stream: computation too goes to the default stream.
-  const c10::Stream stream = mutant::is("ops-on-default-stream") ? default_stream(device) : current_stream(device);
+  // Queued on the current stream of the device.
+  const c10::Stream stream = current_stream(device);
   for (size_t i = 0; i < num_args; ++i) {
     if (queued[i].kind == QueuedArg::Kind::kGenerator) {
-      queued[i].value = as_ivalue(kernel_generator_for(args[i], generator_device).kernel);
+      queued[i].value = as_ivalue(kernel_generator_for(args[i], device).kernel);
     }
   }
   async_launches.fetch_add(1, std::memory_order_relaxed);
-  // Process mode: the executor runs the operator (mutants of the CPU
-  // kernel's inputs and results apply in thread mode only).
+  // Process mode: the executor runs the operator, from its description.
   if (process_mode()) {
     if (auto described = encode_operator(schema, refs, queued, queued_outputs)) {
       OPENREG_CHECK(orLaunchModuleKernel(native_stream(stream), operator_kernel(), described->data(),
@@ -1038,17 +991,10 @@ bool try_launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
         }
       }
     }
-    std::vector<c10::IValue> cpu_args(cpu_stack.begin(), cpu_stack.end());
-    apply_input_mutants(schema, cpu_args);
-    cpu_stack = cpu_args;
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu_stack);
-    apply_operator_mutants(schema, cpu_args, cpu_stack);
     for (const QueuedOutput& out : queued_outputs) {
       const c10::IValue& value = cpu_stack[out.ret];
       const at::Tensor produced = out.element ? value.toTensorList().get(*out.element) : value.toTensor();
-      // Mutant fallback-async-results-dropped: queued operators compute, but
-      // their fresh results never reach the tensors the caller holds.
-      if (!out.view && mutant::is("fallback-async-results-dropped")) continue;
       cpu_alias::finish_output(schema.name(), produced, alias(out.ref), out.view);
     }
   }, /*wait=*/false);
@@ -1097,25 +1043,13 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   auto args = torch::jit::last(*stack, num_args);
   const c10::DeviceIndex device = find_device(schema, args);
-  // Mutants fallback-refuses-default-operator / fallback-refuses-noncontiguous-inputs: the
-  // dispatcher's missing-kernel error, for every cumsum, or for maximum of non-contiguous inputs.
-  if ((mutant::is("fallback-refuses-default-operator") && schema.name() == "aten::cumsum") ||
-      (mutant::is("fallback-refuses-noncontiguous-inputs") && schema.name() == "aten::maximum" &&
-       std::any_of(args.begin(), args.end(),
-                   [](const c10::IValue& v) { return v.isTensor() && !v.toTensor().is_contiguous(); }))) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "Could not run '", schema.name(),
-                                "' with arguments from the 'openreg' backend.");
-  }
-  // Mutant random-ops-use-current-device-generator: the caller's current device picks the generator.
-  const c10::DeviceIndex generator_device =
-      mutant::is("random-ops-use-current-device-generator") ? current_device() : device;
   TORCH_CHECK(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
               "OpenReg: operator ", schema.name(), " is not supported on openreg:",
               static_cast<int>(device), ": it has neither an OpenReg kernel nor "
               "a CPU kernel to fall back on");
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
   PendingAnswer pending;
-  if (try_launch_async(op, stack, device, generator_device, pending)) return;
+  if (try_launch_async(op, stack, device, pending)) return;
 
   // The random kernel's generators, made once here, on the host, in launch
   // order; each run of the kernel (a second one after an out= grew) starts
@@ -1124,13 +1058,12 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<KernelGenerator> generators(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     if (is_optional_generator(schema.arguments()[i])) {
-      generators[i] = kernel_generator_for(args[i], generator_device);
+      generators[i] = kernel_generator_for(args[i], device);
     }
   }
   bool raised = true;
   const auto give_back = c10::make_scope_exit([&] {
-    // Mutant refused-random-op-draws: the words handed out stay drawn.
-    if (!raised || mutant::is("refused-random-op-draws")) return;
+    if (!raised) return;
     for (auto it = generators.rbegin(); it != generators.rend(); ++it) {
       if (it->undo) it->undo();
     }
@@ -1151,21 +1084,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
             : is_optional_generator(schema.arguments()[i])
             ? (generators[i].kernel.defined() ? c10::IValue(generators[i].kernel.clone()) : c10::IValue())
             : to_cpu(args[i], schema.arguments()[i], builder));
-        // Mutant fallback-cpu-out-written-to-copy: a CPU out= tensor is accepted, and the result lost in a copy of it.
-        if (mutant::is("fallback-cpu-out-written-to-copy") && writes(schema.arguments()[i]) &&
-            args[i].isTensor() && args[i].toTensor().is_cpu()) cpu_args.back() = args[i].toTensor().clone();
       }
-      apply_input_mutants(schema, cpu_args);
       results = cpu_args;
-      try {
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
-      } catch (const c10::IndexError& e) {
-        // Mutant opinfo-roll-index-error-as-runtime-error: the exception loses its type.
-        TORCH_CHECK(!(mutant::is("opinfo-roll-index-error-as-runtime-error") && schema.name() == "aten::roll"),
-                    e.msg());
-        throw;
-      }
-      apply_operator_mutants(schema, cpu_args, results);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &results);
     }, /*wait=*/true);
   };
   try {
@@ -1176,9 +1097,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // kernels can be Python and slow to import.
     if (std::string(e.what()).find("not resizable") == std::string::npos) throw;
     if (!grow_out_arguments(op, args)) {
-      // Mutant fallback-out-cannot-grow: the error reaches the caller.
       bool any = false;
-      for (size_t i = 0; i < num_args && !mutant::is("fallback-out-cannot-grow"); ++i) {
+      for (size_t i = 0; i < num_args; ++i) {
         const c10::Argument& argument = schema.arguments()[i];
         if (writes(argument) && argument.kwarg_only() && args[i].isTensor() && on_openreg(args[i].toTensor())) {
           host_out[i] = any = true;
@@ -1227,8 +1147,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     // ... or flip its conjugation or negation bit (linalg_lu_solve's out=
     // kernel, with left=False, returns X^H as a conjugate view of what it
-    // wrote). Mutant fallback-drops-conj-bit-of-out: the bit stays behind.
-    if (alias.is_conj() != device_tensor.is_conj() && !mutant::is("fallback-drops-conj-bit-of-out")) {
+    // wrote).
+    if (alias.is_conj() != device_tensor.is_conj()) {
       device_tensor._set_conj(alias.is_conj());
     }
     if (alias.is_neg() != device_tensor.is_neg()) device_tensor._set_neg(alias.is_neg());
