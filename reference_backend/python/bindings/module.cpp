@@ -8,7 +8,6 @@
 #include <Generator.h>
 #include <Hooks.h>
 #include <MetaKernels.h>
-#include <Mutants.h>
 #include <Stream.h>
 
 #include "inductor.h"
@@ -275,11 +274,6 @@ PYBIND11_MODULE(_C, m) {
     }
     return id;
   });
-  // Mutant device-count-at-import-creates-context: a device context made
-  // behind PyTorch's back (no lazy initialization).
-  m.def("_testing_init_device", [](int64_t index) {
-    OPENREG_CHECK(orDeviceInit(static_cast<int>(index)));
-  });
   m.def("_testing_open_gate", [](int64_t id) {
     std::lock_guard<std::mutex> lock(gates_mutex());
     auto it = gates().find(id);
@@ -289,9 +283,6 @@ PYBIND11_MODULE(_C, m) {
     // The entry stays: the stream may read the word after this store.
     __atomic_store_n(&it->second->words.opened, 1u, __ATOMIC_RELEASE);
   });
-
-  // Mutation testing (csrc/Mutants.h): the mutants implemented in C++.
-  m.def("_known_mutants", [] { return openreg::mutant::known(); });
 
   // The floor for benchmarks: a pybind11 call that does nothing.
   m.def("_noop", [] {});
