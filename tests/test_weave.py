@@ -47,7 +47,9 @@ CLEAN_FILES = [
     "reference_backend/runtime/src/device.cpp",
     "reference_backend/runtime/src/internal.h",
     "reference_backend/runtime/src/stream.cpp",
+    "reference_backend/python/openreg/_dynamo.py",
     "reference_backend/python/openreg/streams.py",
+    "reference_backend/python/openreg_autoload/__init__.py",
 ]
 
 
