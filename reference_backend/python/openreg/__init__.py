@@ -119,18 +119,11 @@ _init_traceback: str | None = None
 
 def _is_in_bad_fork() -> bool:
     """True in a child forked after OpenReg was initialized in the parent."""
-    if _mutants.active("fork-poisons-uninitialized"):
-        return os.getpid() != _IMPORT_PID  # any fork, initialized or not
     return _C._is_in_bad_fork()
-
-
-_IMPORT_PID = os.getpid()  # (mutant fork-poisons-uninitialized)
 
 
 def is_initialized() -> bool:
     """Whether OpenReg has been initialized in this process. Never initializes."""
-    if _mutants.active("module-is-initialized-raises-before-init") and not _initialized:
-        raise RuntimeError("OpenReg: not initialized yet")
     return _initialized and not _is_in_bad_fork()
 
 
@@ -164,10 +157,6 @@ def init() -> None:
 def is_available() -> bool:
     """Whether at least one OpenReg device exists. Never raises, never initializes."""
     try:
-        if _mutants.active("availability-initializes"):
-            _lazy_init()
-        if _mutants.active("module-is-available-false"):
-            return False
         return _C._device_count() > 0
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return False
@@ -176,8 +165,6 @@ def is_available() -> bool:
 def device_count() -> int:
     """Number of OpenReg devices. Never raises, never initializes."""
     try:
-        if _mutants.active("module-count-zero-before-init") and not _initialized:
-            return 0
         return _C._device_count()
     except Exception:  # noqa: BLE001
         return 0
@@ -197,7 +184,7 @@ def _device_index(device: Any, *, optional: bool) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        if device.type != _BACKEND_NAME and not _mutants.active("module-accepts-other-device-type"):
+        if device.type != _BACKEND_NAME:
             raise ValueError(
                 f"Expected an OpenReg device ({_BACKEND_NAME!r}), but got a "
                 f"{device.type!r} device"
@@ -232,12 +219,6 @@ def _resolve_device(device: Any) -> int:
 # threads). In C++: it initializes lazily through _lazy_init on first use.
 current_device = _C.current_device
 
-if _mutants.active("module-set-device-python-only"):
-    _python_device = threading.local()
-
-    def current_device() -> int:  # noqa: F811 - the mutant's own bookkeeping
-        return getattr(_python_device, "index", 0)
-
 
 def set_device(device: Any) -> None:
     """Make `device` current for the calling thread.
@@ -249,12 +230,7 @@ def set_device(device: Any) -> None:
     index raises ValueError, as torch.accelerator.set_device_index does.
     """
     index = device if type(device) is int else _device_index(device, optional=False)
-    if index == -1 and not _mutants.active("module-set-device-minus-one-raises"):
-        return
-    if index < -1 and _mutants.active("module-set-device-negative-counts-from-end"):
-        index += device_count()
-    if _mutants.active("module-set-device-python-only"):
-        _python_device.index = index
+    if index == -1:
         return
     _lazy_init()
     _C._set_device(index)
@@ -285,16 +261,12 @@ class device:
 
     def __init__(self, device: Any) -> None:
         self.idx = _device_index(device, optional=True)
-        if device is None and _mutants.active("module-device-none-is-device-0"):
-            self.idx = 0
         self.prev_idx = -1
 
     def __enter__(self) -> None:
         self.prev_idx = _exchange_device(self.idx)
 
     def __exit__(self, *exc_info: object) -> bool:
-        if exc_info[0] is not None and _mutants.active("device-context-leaks-on-exception"):
-            return False
         self.idx = _maybe_exchange_device(self.prev_idx)
         return False
 
@@ -303,8 +275,6 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work on all streams of `device` (default: current device)."""
     _lazy_init()
     index = _device_index(device, optional=True)
-    if _mutants.active("synchronize-ignores-bad-index") and not 0 <= index < device_count():
-        index = -1  # "the current device"
     _C._synchronize(index)
 
 
@@ -318,16 +288,12 @@ def _generator(device: Any) -> torch.Generator:
 
 def manual_seed(seed: int) -> None:
     """Seed the current device's default generator."""
-    if _mutants.active("manual-seed-seeds-all"):
-        return manual_seed_all(seed)
     _generator(None).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
     """Seed the default generators of all devices (torch.manual_seed calls this)."""
     seed = int(seed)
-    if _mutants.active("manual-seed-not-reaching-device"):
-        return
     for generator in default_generators:
         generator.manual_seed(seed)
 
@@ -341,8 +307,6 @@ def seed_all() -> None:
     """Seed all default generators with one non-deterministic number."""
     if not default_generators:
         return
-    if _mutants.active("seed-all-seeds-current-only"):
-        return seed()
     value = default_generators[0].seed()
     for generator in default_generators[1:]:
         generator.manual_seed(value)
@@ -355,8 +319,6 @@ def initial_seed() -> int:
 
 def get_rng_state(device: Any = _BACKEND_NAME) -> torch.Tensor:
     """The state of `device`'s default generator (a CPU ByteTensor)."""
-    if _mutants.active("rng-state-ignores-device"):
-        device = None
     return _generator(device).get_state()
 
 
@@ -376,8 +338,6 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
             f"device), got {len(new_states)}"
         )
     for index, state in enumerate(new_states):
-        if _mutants.active("set-rng-state-all-skips-last") and index == len(new_states) - 1:
-            break
         set_rng_state(state, index)
 
 
@@ -390,17 +350,11 @@ def _stats_device(device: Any) -> int:
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
     """Allocator statistics of `device` (flattened, as torch.accelerator.memory_stats)."""
-    if _mutants.active("module-memory-stats-stale"):
-        return _STALE_STATS.setdefault(_stats_device(device), torch.accelerator.memory_stats(_stats_device(device)))
     return torch.accelerator.memory_stats(_stats_device(device))
 
 
-_STALE_STATS: dict[int, dict[str, Any]] = {}  # (mutant module-memory-stats-stale)
-
-
 def memory_allocated(device: Any = None) -> int:
-    extra = 1 if _mutants.active("module-memory-allocated-off") else 0
-    return torch.accelerator.memory_allocated(_stats_device(device)) + extra
+    return torch.accelerator.memory_allocated(_stats_device(device))
 
 
 def max_memory_allocated(device: Any = None) -> int:
@@ -435,12 +389,10 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
     raises torch.OutOfMemoryError (after the cache is released)."""
     if not isinstance(fraction, float):
         raise TypeError(f"set_per_process_memory_fraction: fraction must be a float, not {type(fraction).__name__}")
-    if not 0.0 <= fraction <= 1.0 and not _mutants.active("memory-fraction-clamped"):
+    if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"set_per_process_memory_fraction: fraction={fraction} is out of range: valid fractions are "
                          "[0, 1]")
     index = _resolve_device(device)
-    if _mutants.active("memory-fraction-of-current-device"):
-        index = current_device()
     _C._set_memory_fraction(fraction, index)
 
 
@@ -490,8 +442,6 @@ def get_device_name(device: Any = None) -> str:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Dtypes torch.autocast("openreg", dtype=...) accepts."""
-    if _mutants.active("amp-dtypes-empty"):
-        return []
     return [torch.float16, torch.bfloat16]
 
 
@@ -509,23 +459,6 @@ def _claim_privateuse1() -> tuple[torch.Generator, ...]:
 
 default_generators: tuple[torch.Generator, ...] = _claim_privateuse1()
 
-
-def _mutant_restore(storage: Any, location: str) -> Any:
-    """Mutants load-on-current-device and map-location-unchecked: a
-    deserializer of the backend's own, as vendors register, with a bug."""
-    if not location.startswith(_BACKEND_NAME):
-        return None
-    index = torch.device(location).index or 0
-    if _mutants.active("load-on-current-device"):
-        index = current_device()
-    if _mutants.active("map-location-unchecked") and index >= device_count():
-        index = 0
-    return storage.to(device=torch.device(_BACKEND_NAME, index))
-
-
-if _mutants.active("load-on-current-device") or _mutants.active("map-location-unchecked"):
-    torch.serialization.register_package(19, lambda storage: None, _mutant_restore)
-
 from .streams import (  # noqa: E402 - after the device type exists
     Event,
     Stream,
@@ -540,8 +473,3 @@ from . import _dynamo  # noqa: E402
 # Last: if torch._dynamo is already imported, this registers the dynamo
 # DeviceInterface at once, and it reads the module's full API.
 _dynamo.install()
-
-if _mutants.active("device-count-at-import-creates-context") and device_count():
-    _C._testing_init_device(0)  # a context on device 0 while the backend loads
-if _mutants.active("default-autocast-dtype-unadvertised"):
-    torch.set_autocast_dtype(_BACKEND_NAME, torch.float64)

@@ -18,8 +18,6 @@ import importlib.machinery
 import sys
 from typing import Any
 
-from . import _mutants
-
 _DYNAMO = "torch._dynamo.device_interface"
 _INDUCTOR = "torch._inductor.compile_fx"
 
@@ -44,21 +42,13 @@ def _register() -> None:
         current_device = staticmethod(openreg.current_device)
         set_device = staticmethod(openreg.set_device)
         exchange_device = staticmethod(openreg._exchange_device)
-        if _mutants.active("dynamo-exchange-returns-new"):
-            exchange_device = staticmethod(lambda device: (openreg._exchange_device(device), device)[1])
         maybe_exchange_device = staticmethod(openreg._maybe_exchange_device)
         device_count = staticmethod(openreg.device_count)
-        if _mutants.active("dynamo-device-count-wrong"):
-            device_count = staticmethod(lambda: openreg.device_count() + 1)
         is_available = staticmethod(openreg.is_available)
         stream = staticmethod(openreg.stream)
         current_stream = staticmethod(openreg.current_stream)
-        if _mutants.active("dynamo-current-stream-is-default"):
-            current_stream = staticmethod(lambda device=None: openreg.default_stream(device))
         set_stream = staticmethod(openreg.set_stream)
         synchronize = staticmethod(openreg.synchronize)
-        if _mutants.active("dynamo-synchronize-is-noop"):
-            synchronize = staticmethod(lambda device=None: None)
         memory_allocated = staticmethod(openreg.memory_allocated)
 
         @staticmethod
@@ -90,21 +80,11 @@ def _register() -> None:
         # Inductor generates CPU-style C++ for OpenReg: not a GPU-class device.
         @staticmethod
         def is_gpu() -> bool:
-            return _mutants.active("dynamo-is-gpu-unseen-by-inductor")
+            return False
 
         @classmethod
         def get_multi_processor_count(cls, device: Any = None) -> int:
-            if _mutants.active("dynamo-multi-processor-count-missing"):
-                raise AttributeError(f"{cls.__name__} must override get_multi_processor_count because its device "
-                                     f"properties do not expose the standard field 'multi_processor_count'")
             return openreg.get_device_properties(device).multi_processor_count
-
-    if _mutants.active("dynamo-stream-placeholder"):
-        class _Placeholder(torch.Stream):
-            def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-                raise RuntimeError("OpenReg streams are not available through the dynamo interface")
-
-        OpenRegInterface.Stream = _Placeholder
 
     register_interface_for_device("openreg", OpenRegInterface)
     for index in range(openreg.device_count()):
@@ -118,9 +98,6 @@ def _register_inductor() -> None:
 
 
 _HOOKS = {_DYNAMO: _register, _INDUCTOR: _register_inductor}
-if _mutants.active("dynamo-is-gpu-unseen-by-inductor"):
-    # Registered late, when Inductor's compiler is imported: after Inductor's one scan for GPU-class devices.
-    _HOOKS = {_INDUCTOR: lambda: (_register(), _register_inductor())}
 
 
 class _Loader(importlib.abc.Loader):

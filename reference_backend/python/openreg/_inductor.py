@@ -28,7 +28,6 @@ not generate, the FX graph and code caches) is Inductor's own.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from pathlib import Path
 
@@ -189,10 +188,6 @@ def device_guard(index: int):
     enters around each OpenReg kernel)."""
     from torch._dynamo.device_interface import DeviceGuard
 
-    # Mutant inductor-guard-keeps-kernel-device: the device is switched, never switched back.
-    if _mutants.active("inductor-guard-keeps-kernel-device"):
-        _device_interface().set_device(index)
-        return contextlib.nullcontext()
     return DeviceGuard(_device_interface(), index)
 
 
@@ -246,8 +241,7 @@ class _OpenRegWrapperMixin:
 
     def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
         line = super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
-        # Mutant inductor-buffers-on-current-device: the buffer lands on whatever device is current.
-        if device.type == DEVICE and device.index is not None and not _mutants.active("inductor-buffers-on-current-device"):
+        if device.type == DEVICE and device.index is not None:
             # On the buffer's own device, not the current one (a GPU's
             # buffers are allocated inside its device guard, OpenReg's
             # between its kernels' guards).

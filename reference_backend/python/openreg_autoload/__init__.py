@@ -26,21 +26,11 @@ process forked after ``import torch`` can still use the devices.
 from __future__ import annotations
 
 import os
-import threading
 from importlib import metadata
 
 _GROUP = "torch.backends"
 _DISTRIBUTION = "openreg"
 _SWITCH = "OPENREG_AUTOLOAD"
-
-
-class _mutants:  # noqa: N801 - spelled as openreg._mutants, whose injection sites the tests find
-    """openreg._mutants.active, which cannot be imported without loading
-    OpenReg: the same variable (OPENREG_MUTANT), the same rule."""
-
-    @staticmethod
-    def active(mutant_id: str) -> bool:
-        return os.environ.get("OPENREG_MUTANT") == mutant_id
 
 
 def _enabled() -> bool:
@@ -69,12 +59,6 @@ def load() -> None:
     import torch  # already imported: PyTorch calls this at the end of its import
 
     claimed = torch._C._get_privateuse1_backend_name()
-    if claimed != "privateuseone" or other_declarations() or _mutants.active("autoload-does-nothing"):
-        return
-    # Mutant autoload-main-thread-only: a process that imports torch first on another thread goes without.
-    if _mutants.active("autoload-main-thread-only") and threading.current_thread() is not threading.main_thread():
+    if claimed != "privateuseone" or other_declarations():
         return
     import openreg
-
-    if _mutants.active("autoload-initializes-device"):
-        openreg.init()
