@@ -177,10 +177,10 @@ except Exception as error:
 
 
 def test_code_generated_under_a_mutant_is_not_served_to_the_backend(two_devices, tmp_path):
-    """Inductor's FX graph cache outlives the process: OpenReg's settings
-    that change the generated code (here the selected mutant) are part of
-    its key (openreg/_inductor_config.py), so code generated under a mutant
-    is never served to the unmutated backend sharing the cache folder."""
+    """Inductor's FX graph cache outlives the process, keyed by what
+    Inductor knows: a selected mutant gets a cache folder of its own
+    (mutation/pyhook.py), so code generated under a mutant is never served
+    to the unmutated backend that was given the same folder."""
     import json
     import os
     import subprocess

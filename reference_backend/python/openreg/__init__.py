@@ -58,9 +58,7 @@ def _load_compiled() -> Any:
 
 
 _C = _load_compiled()
-from . import _mutants  # noqa: E402
 
-_mutants.check(_C._known_mutants())  # an unknown OPENREG_MUTANT is an error, not a no-op
 # OPENREG_ASYNC_OPERATORS (read by the library when it loaded): anything but
 # unset, empty, 0 or 1 is an error, not a silent default.
 if os.environ.get("OPENREG_ASYNC_OPERATORS", "1") not in ("", "0", "1"):

@@ -41,8 +41,6 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
 
-from . import _mutants
-
 DEVICE = "openreg"
 INCLUDE_DIR = Path(__file__).with_name("include")
 # Marks an OpenReg kernel's source: a CPU kernel of the same graph with the
@@ -339,11 +337,7 @@ def register() -> None:
     """Registers OpenReg's Inductor backend: its kernels' and wrapper's code
     generators and its device operations (openreg/_dynamo.py calls this once
     Inductor's compiler is imported)."""
-    from . import _inductor_config
-
-    _inductor_config.mutant = _mutants.SELECTED or ""
-    register_backend_for_device(DEVICE, OpenRegScheduling, OpenRegWrapperCodegen,
-                                device_custom_config=_inductor_config)
+    register_backend_for_device(DEVICE, OpenRegScheduling, OpenRegWrapperCodegen)
     register_device_op_overrides(DEVICE, OpenRegDeviceOpOverrides())
     _kernels_are_cpp_code()
     _scheduler_nodes_are_cpp_code()
