@@ -90,7 +90,7 @@ test-clean-build: build
 	ctest --test-dir $(CLEAN_DIR)/cmake --output-on-failure
 	cd $(CLEAN_DIR) && $(abspath $(CLEAN_PYTHON)) -c "import openreg, sys; \
 	  sys.exit(0 if openreg.__file__.startswith('$(abspath $(CLEAN_DIR))') else 'not the clean build: ' + openreg.__file__)"
-	$(CLEAN_PYTHON) -m pytest $(CLEAN_BUILD_TESTS) -n 2 --dist loadfile -q -rs -m "not mutation"
+	$(CLEAN_PYTHON) -m pytest $(CLEAN_BUILD_TESTS) -n 2 --dist loadfile -q -rs -m "not mutation and not woven"
 
 ## The suite against the independent conforming fixture pu1_sync, built
 ## against $(TORCH) (the kit and the fixture only: no OpenReg), at

@@ -176,6 +176,7 @@ except Exception as error:
 """
 
 
+@pytest.mark.woven
 def test_code_generated_under_a_mutant_is_not_served_to_the_backend(two_devices, tmp_path):
     """Inductor's FX graph cache outlives the process, keyed by what
     Inductor knows: a selected mutant gets a cache folder of its own
