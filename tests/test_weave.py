@@ -26,7 +26,6 @@ REGISTRY = ROOT / "conformance" / "mutants.toml"
 weave = weaver()
 
 
-
 def _backend_files() -> list[str]:
     """Every file of reference_backend/ under version control."""
     out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "reference_backend"], capture_output=True, text=True,
