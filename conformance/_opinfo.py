@@ -173,13 +173,44 @@ def load_op_db() -> list:
         profile = getattr(hypothesis.settings, "_current_profile", None)
     except ImportError:  # pragma: no cover - the kit depends on hypothesis
         hypothesis, profile = None, None
+    from torch.testing._internal import common_utils
     from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal.opinfo import core
 
     # (torch.backends' functions keep the flag in their own globals)
     torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
     if hypothesis is not None and profile:
         hypothesis.settings.load_profile(profile)
+    for module in (common_utils, core):
+        if hasattr(module, "extract_test_fn"):
+            module.extract_test_fn = _calling_test_case_fn
     return list(op_db)
+
+
+def _calling_test_case_fn():
+    """PyTorch's ``extract_test_fn`` without ``inspect.stack()``: the test
+    method of the ``unittest.TestCase`` that is running, found up the call
+    stack, else None. OpInfo calls it each time it makes a sample iterator
+    (for per-test skips and a per-test seed); ``inspect.stack()`` reads the
+    source of every frame on the way and looks each file up among all
+    loaded modules, 3 to 30 ms a call, most of a small operator's test in a
+    forked child whose caches are cold. Walking the frames finds the same
+    test method (the kit's tests are not TestCases, so it is None)."""
+    import sys
+    import unittest
+
+    try:
+        frame = sys._getframe(1)
+        while frame is not None:
+            self_val = frame.f_locals.get("self")
+            if isinstance(self_val, unittest.TestCase):
+                *_, cls_name, test_name = self_val.id().rsplit(".", 2)
+                if cls_name == type(self_val).__name__ and test_name.startswith("test"):
+                    return getattr(self_val, test_name).__func__
+            frame = frame.f_back
+    except Exception:  # noqa: BLE001 - as PyTorch's: no test function
+        pass
+    return None
 
 
 @dataclass
@@ -556,12 +587,22 @@ def _seeded(inputs, device_type: str):
         yield item
 
 
+_SUMMARY = "_conformance_summary"  # a sample's summary, kept on it: each check names the sample again
+
+
 def _describe(sample, index: int) -> str:
-    try:
-        text = sample.summary()
-    except Exception:  # noqa: BLE001
-        text = repr(sample)
-    return f"sample {index} ({' '.join(text.split())[:300]})"
+    text = getattr(sample, _SUMMARY, None)
+    if text is None:
+        try:
+            text = sample.summary()
+        except Exception:  # noqa: BLE001
+            text = repr(sample)
+        text = " ".join(text.split())[:300]
+        try:
+            setattr(sample, _SUMMARY, text)
+        except Exception:  # noqa: BLE001 - (a sample that takes no attributes is described each time)
+            pass
+    return f"sample {index} ({text})"
 
 
 class OperatorCheck:

@@ -31,9 +31,11 @@ if TYPE_CHECKING:
     from .session_view import RunSession
 
 MESSAGE_LIMIT = 8000
-# report.json is rewritten after every finished test, unless writing takes
-# long compared with testing: then at most 1/WRITE_SHARE of the run's time.
+# report.json is rewritten as tests finish, at most every WRITE_INTERVAL
+# seconds (a killed run loses at most that much), and for at most
+# 1/WRITE_SHARE of the run's time when building and writing it takes long.
 WRITE_SHARE = 20
+WRITE_INTERVAL = 0.5
 CLI = "privateuse1-conformance"
 
 
@@ -365,8 +367,11 @@ class RunRecorder:
         incomplete: a run that is killed or crashes leaves it behind."""
         from privateuse1_conformance.reports import json_report, writer
 
+        first = self._provenance is None  # its run() collects the provenance: not a writing cost
+        began = time.monotonic()
         run = self.run(complete=False, started=self.started, duration=time.time() - self.started)
-        began = time.monotonic()  # the first run() collects the provenance: not a writing cost
+        if first:
+            began = time.monotonic()
         try:
             writer.write_json(self.report_dir, json_report.to_document(run), compact=True)
         except OSError as e:
@@ -375,7 +380,7 @@ class RunRecorder:
             self._next_write = float("inf")
             return
         ended = time.monotonic()
-        self._next_write = ended + (WRITE_SHARE - 1) * (ended - began)
+        self._next_write = ended + max(WRITE_INTERVAL, (WRITE_SHARE - 1) * (ended - began))
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         from privateuse1_conformance.reports import writer

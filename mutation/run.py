@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def keep_bytecode(root: Path) -> None:
+    """Every mutant's run starts interpreters that import the kit, pytest
+    and the suite; with PYTHONDONTWRITEBYTECODE set (this machine and CI set
+    it) each one compiles them from source again, and a mutant takes twice
+    as long. As `make` does, the runs write their bytecode to one cache
+    outside the tree."""
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        os.environ.setdefault("PYTHONPYCACHEPREFIX", str(root / "build" / "pycache"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    keep_bytecode(repository_root())
     return _run(build_parser().parse_args(argv))
 
 

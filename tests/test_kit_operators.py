@@ -344,3 +344,32 @@ def test_the_opinfo_database_is_imported_only_when_the_operators_area_can_run(tm
     assert f"OPINFO-DATABASE-IMPORTED={imported}" in run.stdout, run.stdout[-3000:]
     assert run.report["summary"]["uncovered"] == []
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_the_kit_finds_the_running_test_case_as_pytorch_does_without_reading_sources():
+    """OpInfo asks extract_test_fn() for the running TestCase's method each
+    time it makes a sample iterator; PyTorch's walks inspect.stack() (which
+    reads every frame's source: most of a small operator's test). The kit's
+    replacement must give the same answer: the method inside a TestCase,
+    None elsewhere, and it must be what OpInfo calls once the database is loaded."""
+    import unittest
+
+    from privateuse1_conformance.conformance import _opinfo
+
+    _opinfo.load_op_db()
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    assert common_utils.extract_test_fn is _opinfo._calling_test_case_fn
+    assert core.extract_test_fn is _opinfo._calling_test_case_fn
+    found = {}
+
+    class Case(unittest.TestCase):
+        def test_something(self):
+            found["nested"] = (lambda: _opinfo._calling_test_case_fn())()
+
+    result = unittest.TestResult()
+    Case("test_something").run(result)
+    assert result.wasSuccessful(), result.errors + result.failures
+    assert found["nested"] is Case.test_something
+    assert _opinfo._calling_test_case_fn() is None  # a pytest function is no TestCase

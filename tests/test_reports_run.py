@@ -137,7 +137,7 @@ import pytest
 @pytest.mark.contract("DM-NAME-001")
 def test_first():
     decide_all("DM-NAME-001")
-    time.sleep(1)  # long enough for the report to be rewritten after it (see WRITE_SHARE)
+    time.sleep(1)  # long enough for the report to be rewritten after it (see WRITE_INTERVAL)
 
 @pytest.mark.contract("DM-NAME-002")
 def test_kills_the_run():
