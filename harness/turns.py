@@ -57,21 +57,28 @@ class Turns:
         # worker, which releases them when the test has reported.
         self._door = os.open(os.path.join(folder, "door"), os.O_RDWR | os.O_CREAT, 0o600)
         self._room = os.open(os.path.join(folder, "room"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._kept = False  # an exclusive turn kept for this worker's next test (turn's keep)
 
     @contextlib.contextmanager
-    def turn(self, exclusive: bool) -> Iterator[None]:
-        """Hold a turn while the body runs: exclusive (no other test runs) or shared."""
+    def turn(self, exclusive: bool, keep: bool = False) -> Iterator[None]:
+        """Hold a turn while the body runs: exclusive (no other test runs) or
+        shared. `keep` (exclusive only): this worker's next test runs alone
+        too, so the turn is kept for it; given back and taken again, a
+        neighbour's test could start in between, and the next exclusive test
+        would wait for the room to empty once more."""
         if exclusive:
-            fcntl.flock(self._door, fcntl.LOCK_EX)
+            if not self._kept:
+                self._take_exclusive()
+            self._kept = False
             try:
-                fcntl.flock(self._room, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(self._room, fcntl.LOCK_UN)
+                yield
             finally:
-                fcntl.flock(self._door, fcntl.LOCK_UN)
+                if keep:
+                    self._kept = True
+                else:
+                    self._give_back_exclusive()
         else:
+            self.give_back_kept()
             fcntl.flock(self._door, fcntl.LOCK_EX)  # (through the door: none is waiting to run alone)
             fcntl.flock(self._room, fcntl.LOCK_SH)
             fcntl.flock(self._door, fcntl.LOCK_UN)
@@ -80,7 +87,26 @@ class Turns:
             finally:
                 fcntl.flock(self._room, fcntl.LOCK_UN)
 
+    def _take_exclusive(self) -> None:
+        fcntl.flock(self._door, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._room, fcntl.LOCK_EX)
+        except BaseException:
+            fcntl.flock(self._door, fcntl.LOCK_UN)
+            raise
+
+    def _give_back_exclusive(self) -> None:
+        fcntl.flock(self._room, fcntl.LOCK_UN)
+        fcntl.flock(self._door, fcntl.LOCK_UN)
+
+    def give_back_kept(self) -> None:
+        """Give back an exclusive turn kept for a test that did not take it."""
+        if self._kept:
+            self._kept = False
+            self._give_back_exclusive()
+
     def close(self) -> None:
+        self.give_back_kept()
         for fd in (self._door, self._room):
             with contextlib.suppress(OSError):
                 os.close(fd)

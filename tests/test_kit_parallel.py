@@ -129,6 +129,48 @@ def test_shared_turns_run_together(tmp_path):
     assert first.exitcode == 0
 
 
+def _two_exclusive_turns(folder: str, log: str, release: str) -> None:
+    """Run two exclusive tests in a row, the first keeping the turn for the
+    second; note each, and wait for `release` between them."""
+    worker = turns.Turns(folder)
+    with worker.turn(True, keep=True):
+        with open(log, "a") as f:
+            f.write("X1 in\n")
+    while not os.path.exists(release):
+        time.sleep(0.01)
+    with worker.turn(True):
+        with open(log, "a") as f:
+            f.write("X2 in\n")
+    worker.close()
+
+
+def test_an_exclusive_turn_kept_for_the_next_exclusive_test_lets_no_test_in_between(tmp_path):
+    """A worker whose next test also runs alone keeps its turn: a neighbour
+    that asks in between waits until both ran (it would otherwise start a
+    test, and the second exclusive one would wait for the room to empty
+    again); a turn kept for a test that takes none is given back."""
+    folder, log = str(tmp_path), str(tmp_path / "log")
+    context = multiprocessing.get_context("fork")
+    x = context.Process(target=_two_exclusive_turns, args=(folder, log, str(tmp_path / "release")))
+    x.start()
+    _wait_for(lambda: os.path.exists(log) and "X1 in" in Path(log).read_text(), "the first exclusive test")
+    n = context.Process(target=_holder, args=(folder, False, "N", log, None))
+    n.start()
+    time.sleep(0.3)  # (N would run now if the turn had been given back)
+    assert "N in" not in Path(log).read_text()
+    (tmp_path / "release").touch()
+    for process in (x, n):
+        process.join(60)
+        assert process.exitcode == 0
+    assert Path(log).read_text().split("\n")[:-1] == ["X1 in", "X2 in", "N in", "N out"]
+    kept = turns.Turns(folder)
+    with kept.turn(True, keep=True):
+        pass
+    assert _door_taken(folder)
+    kept.give_back_kept()
+    assert not _door_taken(folder)
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two", ""])
 def test_jobs_must_be_a_positive_number_or_auto(value):
     with pytest.raises(argparse.ArgumentTypeError, match="positive number of workers or auto"):
