@@ -129,6 +129,16 @@ def test_shared_turns_run_together(tmp_path):
     assert first.exitcode == 0
 
 
+def _blocked_on(path: str) -> bool:
+    """Whether a process waits for a flock on `path` (/proc/locks lists waiters with "->")."""
+    inode = os.stat(path).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and len(fields) > 6 and fields[-3].split(":")[-1] == str(inode):
+            return True
+    return False
+
+
 def _two_exclusive_turns(folder: str, log: str, release: str) -> None:
     """Run two exclusive tests in a row, the first keeping the turn for the
     second; note each, and wait for `release` between them."""
@@ -151,14 +161,18 @@ def test_an_exclusive_turn_kept_for_the_next_exclusive_test_lets_no_test_in_betw
     again); a turn kept for a test that takes none is given back."""
     folder, log = str(tmp_path), str(tmp_path / "log")
     context = multiprocessing.get_context("fork")
-    x = context.Process(target=_two_exclusive_turns, args=(folder, log, str(tmp_path / "release")))
+    x = context.Process(target=_two_exclusive_turns, args=(folder, log, str(tmp_path / "release")), daemon=True)
     x.start()
-    _wait_for(lambda: os.path.exists(log) and "X1 in" in Path(log).read_text(), "the first exclusive test")
-    n = context.Process(target=_holder, args=(folder, False, "N", log, None))
-    n.start()
-    time.sleep(0.3)  # (N would run now if the turn had been given back)
-    assert "N in" not in Path(log).read_text()
-    (tmp_path / "release").touch()
+    try:
+        _wait_for(lambda: os.path.exists(log) and "X1 in" in Path(log).read_text(), "the first exclusive test")
+        n = context.Process(target=_holder, args=(folder, False, "N", log, None), daemon=True)
+        n.start()
+        # N either runs (the turn was given back) or blocks on the door's lock.
+        _wait_for(lambda: "N in" in Path(log).read_text() or _blocked_on(os.path.join(folder, "door")),
+                  "N running or waiting for its turn")
+        assert "N in" not in Path(log).read_text()
+    finally:
+        (tmp_path / "release").touch()  # (a failure above leaves no process waiting)
     for process in (x, n):
         process.join(60)
         assert process.exitcode == 0
