@@ -8,6 +8,7 @@
 #include <Generator.h>
 #include <Hooks.h>
 #include <MetaKernels.h>
+#include <ProcessGroup.h>
 #include <Stream.h>
 
 #include "inductor.h"
@@ -141,6 +142,12 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_built_with_torch") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
                                 "." + std::to_string(TORCH_VERSION_PATCH);
 
+  // The creator torch.distributed calls for each group of the "orccl"
+  // backend (openreg/distributed.py registers it for the device type).
+  m.def("_create_process_group", [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                    int64_t timeout_ms) {
+    return openreg::create_process_group(store, rank, size, std::chrono::milliseconds(timeout_ms));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_init", &lazy_init);
   m.def("_is_in_bad_fork", [] { return torch::utils::is_device_in_bad_fork(at::kPrivateUse1); });
 

@@ -467,6 +467,9 @@ from .streams import (  # noqa: E402 - after the device type exists
     stream,
 )
 from . import _dynamo  # noqa: E402
+from . import distributed  # noqa: E402
+
+distributed.register()
 
 # Last: if torch._dynamo is already imported, this registers the dynamo
 # DeviceInterface at once, and it reads the module's full API.
