@@ -17,6 +17,8 @@ A manifest (TOML, all keys optional) tells the kit what the backend claims::
     unclaimed = ["events"]        # features the backend does not implement
     expectations = "known.toml"   # known failures (relative to the manifest)
     instrumentation = "torch_xyz.conformance_probe"   # optional probe module
+    process_group = "xccl"        # its torch.distributed backend (default: the one
+                                  # registered for the device type)
 
     [operators]                   # the operators area's claims (harness/operators.py)
 
@@ -70,13 +72,17 @@ class Manifest:
     backend_metadata: dict[str, bool] = field(default_factory=dict)
     # The operators area's claims ([operators]; harness/operators.py).
     operators: Claims = field(default_factory=Claims)
+    # The torch.distributed backend the distributed area checks (None: the
+    # one registered for the device type).
+    process_group: str | None = None
 
     @classmethod
     def load(cls, path: str | Path, registry: Registry | None = None) -> Manifest:
         path = Path(path)
         data = read_toml(path, BackendError, "manifest")
         section = data.get("backend", {})
-        keys = {"name", "claims", "unclaimed", "expectations", "instrumentation", "backend_metadata"}
+        keys = {"name", "claims", "unclaimed", "expectations", "instrumentation", "backend_metadata",
+                "process_group"}
         unknown = set(section) - keys
         if unknown or set(data) - {"backend", "operators"}:
             raise BackendError(
@@ -116,7 +122,15 @@ class Manifest:
             instrumentation=section.get("instrumentation"),
             backend_metadata=dict(backend_metadata),
             operators=operators,
+            process_group=_process_group(section.get("process_group"), path),
         )
+
+
+def _process_group(value: Any, path: Path) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise BackendError(f"manifest {path}: process_group must be the name of a torch.distributed backend "
+                           f"(a non-empty string), got {value!r}")
+    return value
 
 
 @dataclass

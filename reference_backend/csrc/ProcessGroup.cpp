@@ -76,7 +76,9 @@ std::exception_ptr as_exception(const std::string& message) {
   }
 }
 
-enum class Kind : int32_t { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, Barrier };
+enum class Kind : int32_t {
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, Barrier
+};
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -305,6 +307,9 @@ class Comm {
     aborted_.store(true);
     fail("OpenReg process group: the group was aborted");
   }
+  // destroy_process_group: the group takes no new operations (queued ones finish).
+  void shut_down() { closed_.store(true); }
+  bool closed() const { return closed_.load(); }
   void check_live(const std::string& what) const {
     TORCH_CHECK(!aborted_.load(), "OpenReg process group: rank ", rank, " gave up ", what,
                 ": the group was aborted");
@@ -339,7 +344,11 @@ class Comm {
     barrier();
   }
   const Call& call_of(int r) { return state(r).call; }
-  char* slot(int r) { return base_ + slots_ + static_cast<size_t>(r) * kSlotBytes; }
+  // `count` elements of `dtype` at element `offset` of rank r's slot.
+  at::Tensor slot(int r, int64_t offset, int64_t count, c10::ScalarType dtype) {
+    char* base = base_ + slots_ + static_cast<size_t>(r) * kSlotBytes;
+    return at::from_blob(base, {offset + count}, at::TensorOptions().dtype(dtype)).narrow(0, offset, count);
+  }
 
   // -------------------------------------------------------------- messages
   void send(const char* data, uint64_t bytes, int32_t dtype, int32_t tag, int peer, const std::string& what) {
@@ -480,6 +489,7 @@ class Comm {
   mutable std::mutex failure_mutex_;
   std::optional<std::string> failure_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> closed_{false};
 };
 
 // ------------------------------------------------------------ the kernels
@@ -499,10 +509,6 @@ struct Flat {
   at::Tensor alias;
   at::Tensor flat;
 };
-
-at::Tensor slot_view(char* slot, int64_t offset, int64_t count, c10::ScalarType dtype) {
-  return at::from_blob(slot, {offset + count}, at::TensorOptions().dtype(dtype)).narrow(0, offset, count);
-}
 
 // out <- out (op) in. AVG sums here and divides once at the end.
 void combine(at::Tensor& out, const at::Tensor& in, c10d::ReduceOp::RedOpType op) {
@@ -524,8 +530,8 @@ void combine(at::Tensor& out, const at::Tensor& in, c10d::ReduceOp::RedOpType op
 // element `offset` of its slot.
 void reduce_slots(Comm& comm, at::Tensor out, int64_t offset, int64_t count, c10d::ReduceOp::RedOpType op) {
   const auto dtype = out.scalar_type();
-  out.copy_(slot_view(comm.slot(0), offset, count, dtype));
-  for (int r = 1; r < comm.size; ++r) combine(out, slot_view(comm.slot(r), offset, count, dtype), op);
+  out.copy_(comm.slot(0, offset, count, dtype));
+  for (int r = 1; r < comm.size; ++r) combine(out, comm.slot(r, offset, count, dtype), op);
   if (op == c10d::ReduceOp::AVG) out.div_(comm.size);
 }
 
@@ -687,6 +693,7 @@ class ProcessGroupOpenReg final : public c10d::Backend {
 
   const std::string getBackendName() const override { return kProcessGroupName; }
   void abort() override { comm_->abort(); }
+  void shutdown() override { comm_->shut_down(); }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
@@ -696,11 +703,12 @@ class ProcessGroupOpenReg final : public c10d::Backend {
     return launch(Channel::Collective, -1, call.seq, c10d::OpType::ALLREDUCE, "openreg:all_reduce", {tensor}, {tensor},
                   false, [call, op](Comm& comm, std::vector<at::Tensor>& t) {
       Flat data(t[0], true);
+      const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes, data.flat);
         for (int64_t at = 0; at < call.count; at += per) {
           const int64_t n = std::min(per, call.count - at);
-          comm.exchange([&] { slot_view(comm.slot(comm.rank), 0, n, data.flat.scalar_type()).copy_(data.flat.narrow(0, at, n)); },
+          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
                         [&] { reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op); });
         }
       });
@@ -714,19 +722,21 @@ class ProcessGroupOpenReg final : public c10d::Backend {
     check_root(opts.rootRank, getSize(), "broadcast");
     const int root = static_cast<int>(opts.rootRank);
     Call call = make_call(Kind::Broadcast, tensor, tensor.numel(), root);
-    return launch(Channel::Collective, -1, call.seq, c10d::OpType::BROADCAST, "openreg:broadcast", {tensor}, {tensor}, false,
+    return launch(Channel::Collective, -1, call.seq, c10d::OpType::BROADCAST, "openreg:broadcast", {tensor}, {tensor},
+                  false,
                   [call, root](Comm& comm, std::vector<at::Tensor>& t) {
       Flat data(t[0], comm.rank == root);
+      const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes, data.flat);
         for (int64_t at = 0; at < call.count; at += per) {
           const int64_t n = std::min(per, call.count - at);
           comm.exchange(
               [&] {
-                if (comm.rank == root) slot_view(comm.slot(root), 0, n, data.flat.scalar_type()).copy_(data.flat.narrow(0, at, n));
+                if (comm.rank == root) comm.slot(root, 0, n, dtype).copy_(data.flat.narrow(0, at, n));
               },
               [&] {
-                if (comm.rank != root) data.flat.narrow(0, at, n).copy_(slot_view(comm.slot(root), 0, n, data.flat.scalar_type()));
+                if (comm.rank != root) data.flat.narrow(0, at, n).copy_(comm.slot(root, 0, n, dtype));
               });
         }
       });
@@ -743,11 +753,12 @@ class ProcessGroupOpenReg final : public c10d::Backend {
     return launch(Channel::Collective, -1, call.seq, c10d::OpType::REDUCE, "openreg:reduce", {tensor}, {tensor}, false,
                   [call, root, op](Comm& comm, std::vector<at::Tensor>& t) {
       Flat data(t[0], true);
+      const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes, data.flat);
         for (int64_t at = 0; at < call.count; at += per) {
           const int64_t n = std::min(per, call.count - at);
-          comm.exchange([&] { slot_view(comm.slot(comm.rank), 0, n, data.flat.scalar_type()).copy_(data.flat.narrow(0, at, n)); },
+          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
                         [&] {
                           if (comm.rank == root) reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op);
                         });
@@ -844,9 +855,11 @@ class ProcessGroupOpenReg final : public c10d::Backend {
           comm.exchange(
               [&] {
                 if (comm.rank != root) return;
-                for (int r = 0; r < comm.size; ++r) slot_view(comm.slot(root), r * per, n, dtype).copy_(ins[r].flat.narrow(0, at, n));
+                for (int r = 0; r < comm.size; ++r) {
+                  comm.slot(root, r * per, n, dtype).copy_(ins[r].flat.narrow(0, at, n));
+                }
               },
-              [&] { out.flat.narrow(0, at, n).copy_(slot_view(comm.slot(root), comm.rank * per, n, dtype)); });
+              [&] { out.flat.narrow(0, at, n).copy_(comm.slot(root, comm.rank * per, n, dtype)); });
         }
       });
       out.finish();
@@ -917,13 +930,17 @@ class ProcessGroupOpenReg final : public c10d::Backend {
               [&] {
                 for (int j = 0; j < comm.size; ++j) {
                   const int64_t n = std::clamp<int64_t>(call.send[j] - at, 0, per);
-                  if (n > 0) slot_view(comm.slot(comm.rank), j * per, n, dtype).copy_(in.flat.narrow(0, send_at[j] + at, n));
+                  if (n > 0) {
+                    comm.slot(comm.rank, j * per, n, dtype).copy_(in.flat.narrow(0, send_at[j] + at, n));
+                  }
                 }
               },
               [&] {
                 for (int r = 0; r < comm.size; ++r) {
                   const int64_t n = std::clamp<int64_t>(call.recv[r] - at, 0, per);
-                  if (n > 0) out.flat.narrow(0, recv_at[r] + at, n).copy_(slot_view(comm.slot(r), comm.rank * per, n, dtype));
+                  if (n > 0) {
+                    out.flat.narrow(0, recv_at[r] + at, n).copy_(comm.slot(r, comm.rank * per, n, dtype));
+                  }
                 }
               });
         }
@@ -1041,10 +1058,12 @@ class ProcessGroupOpenReg final : public c10d::Backend {
         const int64_t per = chunk_elements(kSlotBytes, in.flat);
         for (int64_t at = 0; at < count; at += per) {
           const int64_t n = std::min(per, count - at);
-          comm.exchange([&] { slot_view(comm.slot(comm.rank), 0, n, dtype).copy_(in.flat.narrow(0, at, n)); },
+          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(in.flat.narrow(0, at, n)); },
                         [&] {
                           if (!receives) return;
-                          for (int r = 0; r < comm.size; ++r) block(r).narrow(0, at, n).copy_(slot_view(comm.slot(r), 0, n, dtype));
+                          for (int r = 0; r < comm.size; ++r) {
+                            block(r).narrow(0, at, n).copy_(comm.slot(r, 0, n, dtype));
+                          }
                         });
         }
       });
@@ -1071,7 +1090,9 @@ class ProcessGroupOpenReg final : public c10d::Backend {
           const int64_t n = std::min(per, count - at);
           comm.exchange(
               [&] {
-                for (int r = 0; r < comm.size; ++r) slot_view(comm.slot(comm.rank), r * per, n, dtype).copy_(block(r).narrow(0, at, n));
+                for (int r = 0; r < comm.size; ++r) {
+                  comm.slot(comm.rank, r * per, n, dtype).copy_(block(r).narrow(0, at, n));
+                }
               },
               [&] { reduce_slots(comm, out.flat.narrow(0, at, n), comm.rank * per, n, op); });
         }
@@ -1104,6 +1125,10 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       for (const auto& t : tensors) check_same(tensors[0], t, what.c_str(), "every tensor");
       index = tensors[0].device().index();
     }
+    if (comm_->closed()) {
+      raise(std::string(kPrefix) + "rank " + std::to_string(getRank()) + " cannot start " + what +
+            ": the group was shut down (destroy_process_group)");
+    }
     if (const auto failure = comm_->failure()) {
       raise(std::string(kPrefix) + "rank " + std::to_string(getRank()) + " cannot start " + what +
             ": the group failed earlier: " + *failure);
@@ -1132,7 +1157,9 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       std::optional<std::string> failure;
       try {
         comm->await_turn(sequencer, seq, what);
-        if (const auto earlier = comm->failure()) raise(std::string(kPrefix) + what + " did not run: the group failed earlier: " + *earlier);
+        if (const auto earlier = comm->failure()) {
+          raise(std::string(kPrefix) + what + " did not run: the group failed earlier: " + *earlier);
+        }
         AliasBuilder builder;
         std::vector<at::Tensor> aliases;
         aliases.reserve(refs.size());

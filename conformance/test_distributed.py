@@ -1,0 +1,729 @@
+"""torch.distributed on the device: the c10d backend a vendor registers for
+its device type (``torch.distributed.Backend.register_backend(name, creator,
+devices=[device type])``).
+
+Every test starts its own ranks (conformance/_distributed.py): two new
+interpreters that import torch and the backend, each on device ``rank % n``,
+meeting through a file store. The ranks run a scenario (the ``rank_*``
+functions below) and record what they observe; the test compares that with
+the CPU's results on the same inputs, in the test's own process. Rank
+crashes and hangs are bounded by the test's budget and reported with the
+rank's output.
+
+Which c10d backend: the one the manifest names (``[backend] process_group``)
+or else the one registered for the device type. A backend without one
+declares the feature ``distributed`` unclaimed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from ._distributed import Outcome, Raised, run_ranks
+from ._helpers import check
+
+contract = pytest.mark.contract
+MODULE = "privateuse1_conformance.conformance.test_distributed"
+WORLD = 2
+SHAPE = (3, 5)
+PG_TIMEOUT = 20.0      # the process group's timeout in correctness scenarios (seconds)
+ERROR_TIMEOUT = 5.0    # and in the error scenarios: their errors must come within it
+
+
+# ---------------------------------------------------------------- inputs
+# Both sides make the same inputs: the ranks put them on the device, the
+# test reduces them on the CPU.
+
+def data(rank: int, key: str, shape, dtype: str = "float32") -> torch.Tensor:
+    seed = (hash_key(key) * 131 + rank) % (2 ** 31)
+    generator = torch.Generator().manual_seed(seed)
+    kind = getattr(torch, dtype)
+    if kind == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if kind.is_complex:
+        real = torch.randint(-4, 5, shape, generator=generator).float()
+        return torch.complex(real, torch.randint(-4, 5, shape, generator=generator).float()).to(kind)
+    if kind.is_floating_point:
+        # Small integers in floating point: sums and products are exact in
+        # every dtype, so only a wrong reduction can differ.
+        return torch.randint(-4, 5, shape, generator=generator).to(kind)
+    low = 0 if kind == torch.uint8 else -4
+    return torch.randint(low, 5, shape, generator=generator).to(kind)
+
+
+def hash_key(key: str) -> int:
+    # Python's hash() of a str differs between interpreters: not usable here.
+    value = 0
+    for char in key:
+        value = (value * 31 + ord(char)) % (2 ** 31)
+    return value
+
+
+def reduce_cpu(op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    result = tensors[0].clone()
+    for other in tensors[1:]:
+        if op in ("SUM", "AVG"):
+            result = result + other
+        elif op == "PRODUCT":
+            result = result * other
+        elif op == "MIN":
+            result = torch.minimum(result, other)
+        elif op == "MAX":
+            result = torch.maximum(result, other)
+        elif op == "BAND":
+            result = result & other
+        elif op == "BOR":
+            result = result | other
+        elif op == "BXOR":
+            result = result ^ other
+    if op == "AVG":
+        result = result / len(tensors)
+    return result
+
+
+REQUIRED_REDUCTIONS = [(op, dtype) for op in ("SUM", "PRODUCT", "MIN", "MAX") for dtype in ("float32", "int64")]
+REQUIRED_REDUCTIONS.append(("AVG", "float32"))
+OPTIONAL_REDUCTIONS = ([("SUM", dtype) for dtype in ("float16", "bfloat16", "float64", "int8", "uint8", "int32",
+                                                       "complex64")]
+                       + [("MAX", "bool"), ("MIN", "float16")]
+                       + [(op, "int64") for op in ("BAND", "BOR", "BXOR")])
+LARGE = (4 << 20,)   # 16 MiB of float32
+
+
+def uneven_send(rank: int, peer: int) -> int:
+    """Rows rank sends to peer in the uneven all_to_all_single (not symmetric)."""
+    return 1 + rank + 2 * peer
+
+
+# ---------------------------------------------------------- the test side
+
+@pytest.fixture(scope="module")
+def process_group(backend, dt) -> str:
+    """The c10d backend under test: the manifest's, else the one registered
+    for the device type."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.fail("this torch build has no torch.distributed: the feature distributed cannot be checked",
+                    pytrace=False)
+    named = backend.manifest.process_group
+    registered = dist.Backend.default_device_backend_map.get(dt)
+    if named:
+        if named.lower() not in dist.Backend.backend_list:
+            pytest.fail(f"the manifest names the process group {named!r}, which is not registered with "
+                        f"torch.distributed (registered: {dist.Backend.backend_list})", pytrace=False)
+        return named.lower()
+    if registered is None:
+        pytest.fail(f"no torch.distributed backend is registered for the device type {dt!r} "
+                    f"(Backend.default_device_backend_map: {dict(dist.Backend.default_device_backend_map)}): "
+                    f"register one with torch.distributed.Backend.register_backend(name, creator, devices=[{dt!r}]) "
+                    "when the backend is imported, or declare the feature distributed unclaimed", pytrace=False)
+    return registered
+
+
+def ranks(session, backend, process_group: str, scenario: str, **kwargs) -> list[Outcome]:
+    # Within the harness's own limit for a test, so that a hang is reported
+    # here, with each rank's state, rather than as a bare timeout.
+    budget = max(20.0, session.timeout - 8.0)
+    return run_ranks(backend, process_group, scenario, module=MODULE, world=WORLD, budget=budget, **kwargs)
+
+
+def seen(outcomes: list[Outcome], rank: int, name: str, clause: str, what: str):
+    """Rank `rank`'s observation `name`: a failure of `clause` when the rank
+    raised there or never got there."""
+    outcome = outcomes[rank]
+    if name not in outcome.observed:
+        check(clause, False, lambda: f"{what}: rank {rank} recorded no result; {outcome.describe()}")
+    value = outcome.observed[name]
+    check(clause, not isinstance(value, Raised),
+          lambda: f"{what} raised on rank {rank}: {value.message}\n{value.traceback}")
+    return value
+
+
+def agrees(clause: str, got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """`got` equals `expected` at the dtype's own precision (exactly for
+    integers and bool)."""
+    ok = got.dtype == expected.dtype and got.shape == expected.shape
+    if ok:
+        try:
+            torch.testing.assert_close(got, expected, equal_nan=True)
+        except AssertionError:
+            ok = False
+    check(clause, ok, lambda: f"{what}: got {got.dtype} {tuple(got.shape)}\n{got}\nexpected (the CPU's result on the "
+                              f"same inputs) {expected.dtype} {tuple(expected.shape)}\n{expected}")
+
+
+# ---------------------------------------------------------- registration
+
+def rank_lifecycle(r):
+    import torch.distributed as dist
+
+    def device_backend():
+        group_backend = dist.group.WORLD._get_backend(r.device)
+        return group_backend.name() if hasattr(group_backend, "name") else type(group_backend).__name__
+
+    def summed(group=None):
+        t = torch.full(SHAPE, float(r.rank + 1), device=r.device)
+        dist.all_reduce(t, group=group)
+        return t.cpu()
+
+    r.step("init/mapping", r.init)
+    r.step("get_backend", dist.get_backend)
+    r.step("device_backend/mapping", device_backend)
+    r.step("all_reduce/mapping", summed)
+    solo = r.step("new_group/solo", lambda: dist.new_group([0]))
+    everyone = r.step("new_group/all", lambda: dist.new_group(list(range(r.world))))
+    if r.rank == 0 and solo is not None:
+        r.step("all_reduce/solo", lambda: summed(solo))
+    if everyone is not None:
+        r.step("all_reduce/all", lambda: summed(everyone))
+    r.step("destroy", dist.destroy_process_group)
+    r.record("initialized_after_destroy", dist.is_initialized())
+    r.step("init/default", lambda: r.init(backend=None))
+    r.step("device_backend/default", device_backend)
+    r.step("all_reduce/default", summed)
+    r.step("destroy/default", dist.destroy_process_group)
+
+
+# decides DD-REG-001.1, DD-REG-001.2, DD-REG-001.3, DD-REG-001.4, DD-REG-001.5
+@contract("DD-REG-001")
+def test_the_process_group_is_registered_selected_and_destroyed(session, backend, dt, process_group):
+    import torch.distributed as dist
+
+    check("DD-REG-001.1", dist.Backend.default_device_backend_map.get(dt) == process_group,
+          lambda: f"torch.distributed.Backend.default_device_backend_map maps {dt!r} to "
+                  f"{dist.Backend.default_device_backend_map.get(dt)!r}, not to the backend's process group "
+                  f"{process_group!r}: register it with register_backend(..., devices=[{dt!r}])")
+    outcomes = ranks(session, backend, process_group, "rank_lifecycle")
+    mapping = f"cpu:gloo,{dt}:{process_group}"
+    expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
+    for rank in range(WORLD):
+        seen(outcomes, rank, "init/mapping", "DD-REG-001.2", f"init_process_group(backend={mapping!r})")
+        got = seen(outcomes, rank, "get_backend", "DD-REG-001.2", "get_backend()")
+        check("DD-REG-001.2", got == mapping, f"get_backend() on rank {rank} returned {got!r}, not {mapping!r}")
+        name = seen(outcomes, rank, "device_backend/mapping", "DD-REG-001.2", f"the group's backend for {dt}")
+        check("DD-REG-001.2", name == process_group,
+              f"the group's backend for {dt} tensors on rank {rank} is {name!r}, not {process_group!r}")
+        agrees("DD-REG-001.2", seen(outcomes, rank, "all_reduce/mapping", "DD-REG-001.2", "all_reduce"), expected,
+               f"all_reduce (SUM) on rank {rank} in the group made with the mapping")
+        seen(outcomes, rank, "new_group/all", "DD-REG-001.4", "new_group(every rank)")
+        agrees("DD-REG-001.4", seen(outcomes, rank, "all_reduce/all", "DD-REG-001.4", "all_reduce in a subgroup"),
+               expected, f"all_reduce (SUM) on rank {rank} in a subgroup of every rank")
+        seen(outcomes, rank, "destroy", "DD-REG-001.5", "destroy_process_group()")
+        check("DD-REG-001.5", outcomes[rank].observed.get("initialized_after_destroy") is False,
+              f"torch.distributed.is_initialized() is still True on rank {rank} after destroy_process_group()")
+        seen(outcomes, rank, "init/default", "DD-REG-001.3", "init_process_group() without a backend")
+        name = seen(outcomes, rank, "device_backend/default", "DD-REG-001.3",
+                    f"the default group's backend for {dt}")
+        check("DD-REG-001.3", name == process_group,
+              f"init_process_group() without a backend gave {dt} tensors the backend {name!r} on rank {rank}, not "
+              f"{process_group!r}")
+        agrees("DD-REG-001.3", seen(outcomes, rank, "all_reduce/default", "DD-REG-001.3", "all_reduce"), expected,
+               f"all_reduce (SUM) on rank {rank} in a group made without naming a backend (after destroying the "
+               "first)")
+    seen(outcomes, 0, "new_group/solo", "DD-REG-001.4", "new_group([0])")
+    agrees("DD-REG-001.4", seen(outcomes, 0, "all_reduce/solo", "DD-REG-001.4", "all_reduce in a group of rank 0"),
+           torch.full(SHAPE, 1.0), "all_reduce (SUM) in a group of rank 0 alone must leave rank 0's tensor as it was")
+
+
+# ------------------------------------------------------------- all_reduce
+
+def rank_all_reduce(r):
+    import torch.distributed as dist
+
+    def reduced(op, tensor):
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+        return tensor.cpu()
+
+    r.init(timeout=PG_TIMEOUT)
+    for op, dtype in REQUIRED_REDUCTIONS:
+        tensor = data(r.rank, f"{op}/{dtype}", SHAPE, dtype).to(r.device)
+        r.step(f"{op}/{dtype}", lambda op=op, tensor=tensor: reduced(op, tensor))
+    large = data(r.rank, "large", LARGE).to(r.device)
+    r.step("large", lambda: reduced("SUM", large))
+    # Cases a backend may refuse: each refusal gets a fresh group, so that a
+    # backend that fails its group on an error is not charged twice.
+    base = data(r.rank, "non-contiguous", (6, 4)).to(r.device)
+    cases = [(op, dtype, data(r.rank, f"{op}/{dtype}", SHAPE, dtype).to(r.device))
+             for op, dtype in OPTIONAL_REDUCTIONS] + [("SUM", "non-contiguous", base.t())]
+    for op, dtype, tensor in cases:
+        if r.step(f"{op}/{dtype}", lambda op=op, tensor=tensor: reduced(op, tensor)) is None:
+            r.step(f"{op}/{dtype}/reinit", lambda: (dist.destroy_process_group(), r.init(timeout=PG_TIMEOUT)))
+    dist.destroy_process_group()
+
+
+# decides DD-COLL-001.1, DD-COLL-001.2, DD-COLL-001.3
+@contract("DD-COLL-001")
+def test_all_reduce_gives_the_cpu_reduction(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_all_reduce")
+    for op, dtype in REQUIRED_REDUCTIONS:
+        expected = reduce_cpu(op, [data(rank, f"{op}/{dtype}", SHAPE, dtype) for rank in range(WORLD)])
+        for rank in range(WORLD):
+            got = seen(outcomes, rank, f"{op}/{dtype}", "DD-COLL-001.1", f"all_reduce({op}) of {dtype}")
+            agrees("DD-COLL-001.1", got, expected, f"all_reduce({op}) of {dtype} on rank {rank}")
+    expected = reduce_cpu("SUM", [data(rank, "large", LARGE) for rank in range(WORLD)])
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "large", "DD-COLL-001.3", "all_reduce(SUM) of 16 MiB of float32")
+        agrees("DD-COLL-001.3", got, expected, f"all_reduce(SUM) of 16 MiB of float32 on rank {rank}")
+    refused = []
+    for op, dtype in OPTIONAL_REDUCTIONS + [("SUM", "non-contiguous")]:
+        clause = "DD-COLL-001.3" if dtype == "non-contiguous" else "DD-COLL-001.2"
+        if dtype == "non-contiguous":
+            expected = reduce_cpu(op, [data(rank, "non-contiguous", (6, 4)).t() for rank in range(WORLD)])
+        else:
+            expected = reduce_cpu(op, [data(rank, f"{op}/{dtype}", SHAPE, dtype) for rank in range(WORLD)])
+        for rank in range(WORLD):
+            got = outcomes[rank].observed.get(f"{op}/{dtype}")
+            if isinstance(got, Raised):
+                refused.append(f"{op}/{dtype}")  # refused with an error: allowed
+                continue
+            check(clause, got is not None,
+                  lambda: f"all_reduce({op}) of {dtype}: rank {rank} recorded no result; {outcomes[rank].describe()}")
+            agrees(clause, got, expected, f"all_reduce({op}) of {dtype} on rank {rank}"
+                   + (" (a transposed view, reduced in place)" if dtype == "non-contiguous" else ""))
+
+
+# ----------------------------------------------------- other collectives
+
+def rank_collectives(r):
+    import torch.distributed as dist
+
+    device, rank, world = r.device, r.rank, r.world
+
+    def run(call, *results):
+        call()
+        return [t.cpu() for t in results]
+
+    r.init(timeout=PG_TIMEOUT)
+    for root in range(world):
+        t = data(rank, f"broadcast/{root}", SHAPE).to(device)
+        r.step(f"broadcast/{root}", lambda t=t, root=root: run(lambda: dist.broadcast(t, src=root), t))
+        t = data(rank, f"reduce/{root}", SHAPE).to(device)
+        r.step(f"reduce/{root}", lambda t=t, root=root: run(lambda: dist.reduce(t, dst=root), t))
+    x = data(rank, "all_gather", SHAPE).to(device)
+    outs = [torch.empty(SHAPE, device=device) for _ in range(world)]
+    r.step("all_gather", lambda: run(lambda: dist.all_gather(outs, x), *outs))
+    out = torch.empty((world * SHAPE[0], SHAPE[1]), device=device)
+    r.step("all_gather_into_tensor", lambda: run(lambda: dist.all_gather_into_tensor(out, x), out))
+    inp = data(rank, "reduce_scatter", (world * 4, 3)).to(device)
+    piece = torch.empty((4, 3), device=device)
+    r.step("reduce_scatter_tensor", lambda: run(lambda: dist.reduce_scatter_tensor(piece, inp), piece))
+    inp = data(rank, "all_to_all", (world * 2, 3)).to(device)
+    got = torch.empty_like(inp)
+    r.step("all_to_all/equal", lambda: run(lambda: dist.all_to_all_single(got, inp), got))
+    send = [uneven_send(rank, peer) for peer in range(world)]
+    recv = [uneven_send(peer, rank) for peer in range(world)]
+    inp = data(rank, "all_to_all/uneven", (sum(send), 3)).to(device)
+    got_uneven = torch.empty((sum(recv), 3), device=device)
+    r.step("all_to_all/uneven",
+           lambda: run(lambda: dist.all_to_all_single(got_uneven, inp, recv, send), got_uneven))
+    for root in range(world):
+        x = data(rank, f"gather/{root}", SHAPE).to(device)
+        gathered = [torch.empty(SHAPE, device=device) for _ in range(world)] if rank == root else None
+        r.step(f"gather/{root}", lambda x=x, gathered=gathered, root=root:
+               run(lambda: dist.gather(x, gathered, dst=root), *(gathered or [])))
+        pieces = [data(root, f"scatter/{root}/{peer}", SHAPE).to(device) for peer in range(world)] \
+            if rank == root else None
+        mine = torch.empty(SHAPE, device=device)
+        r.step(f"scatter/{root}", lambda pieces=pieces, mine=mine, root=root:
+               run(lambda: dist.scatter(mine, pieces, src=root), mine))
+    # barrier: the last rank enters late; no rank may leave before it entered.
+    if rank == world - 1:
+        time.sleep(0.3)
+    r.mark(f"barrier.{rank}")
+    r.step("barrier", dist.barrier)
+    r.record("barrier/everyone_entered", all(r.marked(f"barrier.{peer}") for peer in range(world)))
+    dist.destroy_process_group()
+
+
+# decides DD-COLL-002.1, DD-COLL-002.2, DD-COLL-002.3, DD-COLL-002.4, DD-COLL-002.5, DD-COLL-002.6
+@contract("DD-COLL-002")
+def test_collectives_give_each_rank_the_cpu_result(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_collectives")
+    for root in range(WORLD):
+        expected = data(root, f"broadcast/{root}", SHAPE)
+        for rank in range(WORLD):
+            got = seen(outcomes, rank, f"broadcast/{root}", "DD-COLL-002.1", f"broadcast from rank {root}")[0]
+            agrees("DD-COLL-002.1", got, expected, f"broadcast from rank {root}, on rank {rank}")
+        expected = reduce_cpu("SUM", [data(rank, f"reduce/{root}", SHAPE) for rank in range(WORLD)])
+        got = seen(outcomes, root, f"reduce/{root}", "DD-COLL-002.1", f"reduce to rank {root}")[0]
+        agrees("DD-COLL-002.1", got, expected, f"reduce (SUM) to rank {root}, on rank {root}")
+    blocks = [data(rank, "all_gather", SHAPE) for rank in range(WORLD)]
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "all_gather", "DD-COLL-002.2", "all_gather")
+        for place in range(WORLD):
+            agrees("DD-COLL-002.2", got[place], blocks[place], f"all_gather on rank {rank}, place {place} "
+                   f"(rank {place}'s input)")
+        got = seen(outcomes, rank, "all_gather_into_tensor", "DD-COLL-002.2", "all_gather_into_tensor")[0]
+        agrees("DD-COLL-002.2", got, torch.cat(blocks), f"all_gather_into_tensor on rank {rank}")
+    total = reduce_cpu("SUM", [data(rank, "reduce_scatter", (WORLD * 4, 3)) for rank in range(WORLD)])
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "reduce_scatter_tensor", "DD-COLL-002.3", "reduce_scatter_tensor")[0]
+        agrees("DD-COLL-002.3", got, total[rank * 4:(rank + 1) * 4],
+               f"reduce_scatter_tensor (SUM) on rank {rank} (block {rank} of the sum)")
+    inputs = [data(rank, "all_to_all", (WORLD * 2, 3)) for rank in range(WORLD)]
+    uneven = [data(rank, "all_to_all/uneven", (sum(uneven_send(rank, p) for p in range(WORLD)), 3))
+              for rank in range(WORLD)]
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "all_to_all/equal", "DD-COLL-002.4", "all_to_all_single (equal splits)")[0]
+        agrees("DD-COLL-002.4", got, torch.cat([inputs[peer][rank * 2:(rank + 1) * 2] for peer in range(WORLD)]),
+               f"all_to_all_single with equal splits on rank {rank}")
+        parts = []
+        for peer in range(WORLD):
+            start = sum(uneven_send(peer, p) for p in range(rank))
+            parts.append(uneven[peer][start:start + uneven_send(peer, rank)])
+        got = seen(outcomes, rank, "all_to_all/uneven", "DD-COLL-002.4", "all_to_all_single (uneven splits)")[0]
+        agrees("DD-COLL-002.4", got, torch.cat(parts), f"all_to_all_single with uneven splits on rank {rank}")
+    for root in range(WORLD):
+        got = seen(outcomes, root, f"gather/{root}", "DD-COLL-002.5", f"gather to rank {root}")
+        for place in range(WORLD):
+            agrees("DD-COLL-002.5", got[place], data(place, f"gather/{root}", SHAPE),
+                   f"gather to rank {root}, place {place} (rank {place}'s input)")
+        for rank in range(WORLD):
+            got = seen(outcomes, rank, f"scatter/{root}", "DD-COLL-002.5", f"scatter from rank {root}")[0]
+            agrees("DD-COLL-002.5", got, data(root, f"scatter/{root}/{rank}", SHAPE),
+                   f"scatter from rank {root}, on rank {rank} (the root's piece {rank})")
+    for rank in range(WORLD):
+        seen(outcomes, rank, "barrier", "DD-COLL-002.6", "barrier()")
+        check("DD-COLL-002.6", outcomes[rank].observed.get("barrier/everyone_entered") is True,
+              f"rank {rank} returned from barrier() before every rank had entered it (rank {WORLD - 1} entered "
+              "last, 0.3 s late)")
+
+
+# ---------------------------------------------------------------- send/recv
+
+def rank_point_to_point(r):
+    import torch.distributed as dist
+
+    device, rank = r.device, r.rank
+    peer = 1 - rank
+    r.init(timeout=PG_TIMEOUT)
+    if rank == 0:
+        first = data(0, "send/1", (7,)).to(device)
+        second = data(0, "send/2", (3,), "int64").to(device)
+        r.step("send", lambda: (dist.send(first, 1), dist.send(second, 1)))
+    else:
+        first = torch.empty(7, device=device)
+        second = torch.empty(3, dtype=torch.int64, device=device)
+        r.step("recv", lambda: (dist.recv(first, 0), dist.recv(second, 0), [first.cpu(), second.cpu()])[-1])
+    if rank == 1:
+        message = data(1, "isend", SHAPE).to(device)
+        r.step("isend", lambda: dist.isend(message, 0).wait())
+    else:
+        into = torch.empty(SHAPE, device=device)
+        r.step("irecv", lambda: (dist.irecv(into, 1).wait(), into.cpu())[1])
+    # Both ranks send first and receive second, 4 MiB each way: a backend
+    # must not make either wait for the other's receive.
+    outgoing = data(rank, "batch", (1 << 20,)).to(device)
+    incoming = torch.empty(1 << 20, device=device)
+
+    def exchange():
+        requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, peer),
+                                           dist.P2POp(dist.irecv, incoming, peer)])
+        for request in requests:
+            request.wait()
+        return incoming.cpu()
+
+    r.step("batch", exchange)
+    dist.destroy_process_group()
+
+
+# decides DD-P2P-001.1, DD-P2P-001.2, DD-P2P-001.3
+@contract("DD-P2P-001")
+def test_messages_reach_the_named_peer(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_point_to_point")
+    seen(outcomes, 0, "send", "DD-P2P-001.1", "send")
+    first, second = seen(outcomes, 1, "recv", "DD-P2P-001.1", "recv")
+    agrees("DD-P2P-001.1", first, data(0, "send/1", (7,)), "the first message rank 1 received from rank 0")
+    agrees("DD-P2P-001.1", second, data(0, "send/2", (3,), "int64"),
+           "the second message (int64) rank 1 received from rank 0")
+    seen(outcomes, 1, "isend", "DD-P2P-001.2", "isend(...).wait()")
+    agrees("DD-P2P-001.2", seen(outcomes, 0, "irecv", "DD-P2P-001.2", "irecv(...).wait()"), data(1, "isend", SHAPE),
+           "what rank 0 received with irecv after wait()")
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "batch", "DD-P2P-001.3", "batch_isend_irecv exchanging 4 MiB each way")
+        agrees("DD-P2P-001.3", got, data(1 - rank, "batch", (1 << 20,)),
+               f"what rank {rank} received in batch_isend_irecv")
+
+
+# ------------------------------------------------------------ stream order
+
+HELD_SECONDS = 0.3
+
+
+def rank_stream_order(r):
+    import torch.distributed as dist
+
+    device, rank = r.device, r.rank
+    r.init(timeout=PG_TIMEOUT)
+    # 1. The producer of the input is held behind a gate on the current stream.
+    block = r.instrument("block_stream")
+    t = torch.zeros(SHAPE, device=device)
+    torch.accelerator.synchronize()
+
+    def held():
+        release = block(torch.accelerator.current_stream())
+        # Released from another thread: a backend whose collectives wait on
+        # the host for their input must not wait for this thread.
+        timer = threading.Timer(HELD_SECONDS, release)
+        timer.start()
+        try:
+            t.fill_(float(rank + 1))
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            return t.cpu()
+        finally:
+            timer.join()
+
+    def long_producer():
+        x = torch.full((256, 256), 1.0 / 256, device=device)
+        for _ in range(20):
+            x = x @ x.abs()
+        t.copy_(torch.full(SHAPE, float(rank + 1), device=device) + x[0, 0] * 0)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        return t.cpu()
+
+    r.record("held/gate", block is not None)
+    r.step("held", held if block is not None else long_producer)
+    # 2. Work queued on the current stream after wait() (or after a
+    # synchronous call) sees the result. The last rank joins only once rank 0
+    # has queued its reader (or after a while, for backends whose calls block
+    # the host until every rank has joined): a reader not ordered after the
+    # collective runs before the data can be there.
+    for variant in ("wait", "sync"):
+        x = data(rank, f"order/{variant}", SHAPE).to(device)
+        if rank == 0:
+            def reader(x=x, variant=variant):
+                if variant == "wait":
+                    dist.all_reduce(x, async_op=True).wait()
+                else:
+                    dist.all_reduce(x)
+                y = x.clone()
+                r.mark(f"queued.{variant}")
+                return y.cpu()
+            r.step(f"order/{variant}", reader)
+        else:
+            deadline = time.monotonic() + 3.0
+            while not r.marked(f"queued.{variant}") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r.step(f"order/{variant}", lambda x=x: (dist.all_reduce(x), x.cpu())[1])
+    # 3. The future and is_completed().
+    x = data(rank, "future", SHAPE).to(device)
+
+    def future():
+        work = dist.all_reduce(x, async_op=True)
+        value = work.get_future().wait()
+        doubled = work.get_future().then(lambda f: f.value()[0] * 2).wait()
+        work.wait()
+        torch.accelerator.synchronize()
+        return [v.cpu() for v in value], doubled.cpu(), work.is_completed()
+
+    r.step("future", future)
+    dist.destroy_process_group()
+
+
+# decides DD-STREAM-001.1, DD-STREAM-001.2, DD-STREAM-001.3
+@contract("DD-STREAM-001")
+def test_collectives_are_ordered_with_the_callers_stream(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_stream_order")
+    gated = outcomes[0].observed.get("held/gate", False)
+    expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "held", "DD-STREAM-001.1", "all_reduce of a tensor still being produced")
+        check("DD-STREAM-001.1", torch.equal(got, expected),
+              lambda: f"all_reduce on rank {rank} read its input before the work queued on the caller's current "
+                      f"stream had produced it: got\n{got}\nexpected {expected[0, 0].item()} everywhere (each rank "
+                      f"filled its tensor with rank + 1 on the current stream, "
+                      + ("held behind the instrumentation's gate)" if gated else "after a chain of matrix products)"),
+              observed=bool(gated))
+    for variant, how in (("wait", "all_reduce(async_op=True).wait()"), ("sync", "all_reduce(async_op=False)")):
+        expected = reduce_cpu("SUM", [data(rank, f"order/{variant}", SHAPE) for rank in range(WORLD)])
+        for rank in range(WORLD):
+            got = seen(outcomes, rank, f"order/{variant}", "DD-STREAM-001.2", how)
+            agrees("DD-STREAM-001.2", got, expected,
+                   f"a clone queued on the current stream right after {how} on rank {rank} (rank {WORLD - 1} joined "
+                   "the collective only after rank 0 had queued it)")
+    expected = reduce_cpu("SUM", [data(rank, "future", SHAPE) for rank in range(WORLD)])
+    for rank in range(WORLD):
+        value, doubled, completed = seen(outcomes, rank, "future", "DD-STREAM-001.3", "Work.get_future()")
+        check("DD-STREAM-001.3", len(value) == 1,
+              f"Work.get_future() of all_reduce on rank {rank} completed with {len(value)} tensors, not the one output")
+        agrees("DD-STREAM-001.3", value[0], expected, f"the value of Work.get_future() of all_reduce on rank {rank}")
+        agrees("DD-STREAM-001.3", doubled, expected * 2, f"a callback chained with then() on rank {rank}")
+        check("DD-STREAM-001.3", completed is True,
+              f"Work.is_completed() is {completed!r} on rank {rank} after wait() and synchronizing the device")
+
+
+# ------------------------------------------------------------------ errors
+
+def rank_mismatch(r):
+    import torch.distributed as dist
+
+    r.init(timeout=ERROR_TIMEOUT)
+    t = torch.ones(4 * (r.rank + 1), device=r.device)
+    r.step("mismatch", lambda: (dist.all_reduce(t), t.cpu())[1])
+
+
+def rank_dead_peer(r):
+    import os
+
+    import torch.distributed as dist
+
+    r.init(timeout=ERROR_TIMEOUT)
+    r.step("barrier", dist.barrier)
+    if r.rank == 1:
+        os._exit(3)
+    t = torch.ones(SHAPE, device=r.device)
+    started = time.monotonic()
+    r.step("dead_peer", lambda: (dist.all_reduce(t), t.cpu())[1])
+    r.record("dead_peer/seconds", time.monotonic() - started)
+
+
+def rank_never_joins(r):
+    if r.rank == 1:
+        return
+    started = time.monotonic()
+    # The device's backend alone: its own rendezvous is what must give up.
+    r.step("init", lambda: r.init(backend=f"{r.dt}:{r.process_group}", timeout=ERROR_TIMEOUT))
+    r.record("init/seconds", time.monotonic() - started)
+
+
+def ended_with_error(outcome: Outcome, step: str) -> str | None:
+    """How a rank ended a step that must fail: None when it raised there or
+    the rank ended abnormally (an error, not a hang); else what happened."""
+    value = outcome.observed.get(step)
+    if isinstance(value, Raised):
+        return None
+    if value is not None:
+        return f"it completed without an error and returned\n{value}"
+    if outcome.exit is not None and outcome.exit.startswith("killed"):
+        return f"it never returned ({outcome.exit})"
+    if outcome.exit is not None:
+        return None  # the rank ended with the error (an abort, as some backends do)
+    return f"it recorded nothing ({outcome.describe()})"
+
+
+# decides DD-ERR-001.1
+@contract("DD-ERR-001")
+def test_mismatched_collectives_fail(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_mismatch")
+    for rank in range(WORLD):
+        wrong = ended_with_error(outcomes[rank], "mismatch")
+        check("DD-ERR-001.1", wrong is None,
+              lambda: f"rank 0 called all_reduce on 4 elements and rank 1 on 8, in a group with a {ERROR_TIMEOUT:g} s "
+                      f"timeout; on rank {rank} {wrong}. A mismatch must end in an error on every rank (at the call, "
+                      "at wait() or when the output is read), never in a result or a hang")
+
+
+# decides DD-ERR-001.2
+@contract("DD-ERR-001")
+def test_a_dead_peer_fails_the_collective(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_dead_peer")
+    for rank in range(WORLD):
+        seen(outcomes, rank, "barrier", "DD-ERR-001.2", "barrier() before the peer exits")
+    wrong = ended_with_error(outcomes[0], "dead_peer")
+    check("DD-ERR-001.2", wrong is None,
+          lambda: f"rank 1 exited after a barrier; rank 0's all_reduce, in a group with a {ERROR_TIMEOUT:g} s timeout, "
+                  f"did not fail: {wrong}")
+
+
+# decides DD-ERR-001.3
+@contract("DD-ERR-001")
+def test_a_peer_that_never_joins_fails_the_init(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_never_joins")
+    wrong = ended_with_error(outcomes[0], "init")
+    check("DD-ERR-001.3", wrong is None,
+          lambda: f"rank 1 never called init_process_group; rank 0's init_process_group with a {ERROR_TIMEOUT:g} s "
+                  f"timeout did not fail: {wrong}")
+
+
+# ------------------------------------------------------- object collectives
+
+def rank_objects(r):
+    import torch.distributed as dist
+
+    r.init(backend=f"{r.dt}:{r.process_group}", timeout=PG_TIMEOUT)
+    objects = [{"from": r.rank, "items": list(range(3 * r.rank))}, f"rank {r.rank}"]
+    r.step("broadcast_object_list", lambda: (dist.broadcast_object_list(objects, src=1), objects)[1])
+    gathered = [None] * r.world
+    payload = {"rank": r.rank, "text": "x" * (100 * (r.rank + 1))}
+    r.step("all_gather_object", lambda: (dist.all_gather_object(gathered, payload), gathered)[1])
+    dist.destroy_process_group()
+
+
+# decides DD-OBJ-001.1
+@contract("DD-OBJ-001")
+def test_object_collectives_travel_on_the_device(session, backend, dt, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_objects")
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "broadcast_object_list", "DD-OBJ-001.1", "broadcast_object_list")
+        check("DD-OBJ-001.1", got == [{"from": 1, "items": [0, 1, 2]}, "rank 1"],
+              f"broadcast_object_list from rank 1 in a group of {dt} only gave rank {rank} {got!r}")
+        got = seen(outcomes, rank, "all_gather_object", "DD-OBJ-001.1", "all_gather_object")
+        check("DD-OBJ-001.1", got == [{"rank": p, "text": "x" * (100 * (p + 1))} for p in range(WORLD)],
+              f"all_gather_object in a group of {dt} only gave rank {rank} {str(got)[:300]}")
+
+
+# ------------------------------------------------------------------ training
+
+DDP_STEPS = 3
+
+
+def ddp_model() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def ddp_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + step)
+    return torch.randn(8, 8, generator=generator), torch.randn(8, 4, generator=generator)
+
+
+def train(model, optimizer, batches) -> None:
+    for x, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def rank_ddp(r):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    r.init(timeout=PG_TIMEOUT)
+
+    def run():
+        model = DistributedDataParallel(ddp_model().to(r.device), bucket_cap_mb=0.0001)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        half = 8 // r.world
+        batches = []
+        for step in range(DDP_STEPS):
+            x, y = ddp_batch(step)
+            part = slice(r.rank * half, (r.rank + 1) * half)
+            batches.append((x[part].to(r.device), y[part].to(r.device)))
+        train(model, optimizer, batches)
+        return [p.detach().cpu() for p in model.module.parameters()]
+
+    r.step("parameters", run)
+    dist.destroy_process_group()
+
+
+# decides DD-DDP-001.1
+@contract("DD-DDP-001")
+def test_data_parallel_training_matches_one_process(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_ddp")
+    model = ddp_model()
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), [ddp_batch(step) for step in range(DDP_STEPS)])
+    expected = [p.detach() for p in model.parameters()]
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "parameters", "DD-DDP-001.1", "DistributedDataParallel training")
+        for k, (g, e) in enumerate(zip(got, expected)):
+            check("DD-DDP-001.1", torch.allclose(g, e, rtol=1e-4, atol=1e-5),
+                  lambda: f"after {DDP_STEPS} SGD steps of DistributedDataParallel on rank {rank}, parameter {k} "
+                          f"differs from single-process training on whole batches on the CPU by "
+                          f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")
