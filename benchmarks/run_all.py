@@ -1,11 +1,12 @@
 """Run every benchmark and write benchmarks/results.json plus a table of
 ratios against the targets of the performance issue.
 
-    python benchmarks/run_all.py [--quick] [--suite-only]
+    python benchmarks/run_all.py [--quick] [--suite-only] [--distributed-only]
 
 --quick leaves out the suite's two default runs (one worker, and the
 default's one per core: minutes each). --suite-only re-takes the suite's
-figures alone and puts them into the existing benchmarks/results.json.
+figures alone and puts them into the existing benchmarks/results.json;
+--distributed-only does the same for the process group's all_reduce.
 """
 
 from __future__ import annotations
@@ -96,11 +97,31 @@ def torch_execution_modes() -> list[dict]:
             for name in by_mode["thread"]]
 
 
+def distributed() -> list[dict]:
+    """all_reduce among two ranks, OpenReg's process group next to gloo
+    (bench_distributed.py), in each execution mode."""
+    rows = []
+    for mode in ("thread", "process"):
+        env = {**__import__("os").environ, "OPENREG_EXECUTOR": mode}
+        out = subprocess.run([sys.executable, str(HERE / "bench_distributed.py")], capture_output=True,
+                             text=True, check=True, env=env).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--suite-only", action="store_true")
+    parser.add_argument("--distributed-only", action="store_true")
     args = parser.parse_args()
+    if args.distributed_only:
+        results = json.loads((HERE / "results.json").read_text())
+        results["distributed"] = distributed()
+        (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        print_table(results)
+        print(f"\nwritten {HERE / 'results.json'} (the process group's figures)")
+        return 0
     suite_args = [sys.executable, str(HERE / "bench_suite.py"), "--output", str(HERE / "results-suite.json")]
     if args.quick:
         suite_args += ["--quick"]
@@ -132,6 +153,7 @@ def main() -> int:
     subprocess.run([sys.executable, str(HERE / "bench_inductor.py"), "--json", str(inductor_json)], check=True)
     results["inductor"] = json.loads(inductor_json.read_text())
     inductor_json.unlink()
+    results["distributed"] = distributed()
     (HERE / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"\nwritten {HERE / 'results.json'}")
@@ -185,6 +207,18 @@ def print_table(results: dict) -> None:
             line(f"  process mode {r['name']} vs memcpy", f"x{r['process_ratio_to_memcpy']}",
                  f">= x{r['process_target_ratio_to_memcpy']}",
                  r["process_ratio_to_memcpy"] >= r["process_target_ratio_to_memcpy"])
+    for row in results.get("distributed", []):
+        mode, small, large, targets = row["mode"], row["4 KiB"], row["64 MiB"], row["targets"]
+        default = mode == "thread"  # the targets hold for the default execution mode
+        line(f"all_reduce 4 KiB, 2 ranks, orccl vs gloo ({mode} mode)",
+             f"{small['orccl']['latency_us']:.0f} us x{targets['latency_4kib_ratio_to_gloo']}",
+             f"<= x{targets['latency_4kib_target_ratio']:g}" if default else "",
+             targets["latency_4kib_ratio_to_gloo"] <= targets["latency_4kib_target_ratio"] if default else None)
+        line(f"all_reduce 64 MiB bus bandwidth, orccl vs gloo ({mode} mode)",
+             f"{large['orccl']['bus_gb_s']:.2f} GB/s x{targets['bus_bandwidth_64mib_ratio_to_gloo']}",
+             f">= x{targets['bus_bandwidth_64mib_target_ratio']:g}" if default else "",
+             targets["bus_bandwidth_64mib_ratio_to_gloo"] >= targets["bus_bandwidth_64mib_target_ratio"]
+             if default else None)
     suite = results["suite"]
     iso = suite["isolation"]
     line("isolation overhead per test", f"{iso['overhead_per_test_ms']} ms", "< 20 ms",

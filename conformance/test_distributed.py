@@ -102,30 +102,38 @@ def uneven_send(rank: int, peer: int) -> int:
 # ---------------------------------------------------------- the test side
 
 @pytest.fixture(scope="module")
-def process_group(backend, dt) -> str:
+def process_group(backend, dt) -> str | None:
     """The c10d backend under test: the manifest's, else the one registered
-    for the device type."""
+    for the device type (None: there is none)."""
     import torch.distributed as dist
 
     if not dist.is_available():
         pytest.fail("this torch build has no torch.distributed: the feature distributed cannot be checked",
                     pytrace=False)
     named = backend.manifest.process_group
-    registered = dist.Backend.default_device_backend_map.get(dt)
-    if named:
-        if named.lower() not in dist.Backend.backend_list:
-            pytest.fail(f"the manifest names the process group {named!r}, which is not registered with "
-                        f"torch.distributed (registered: {dist.Backend.backend_list})", pytrace=False)
-        return named.lower()
-    if registered is None:
-        pytest.fail(f"no torch.distributed backend is registered for the device type {dt!r} "
-                    f"(Backend.default_device_backend_map: {dict(dist.Backend.default_device_backend_map)}): "
-                    f"register one with torch.distributed.Backend.register_backend(name, creator, devices=[{dt!r}]) "
-                    "when the backend is imported, or declare the feature distributed unclaimed", pytrace=False)
-    return registered
+    return named.lower() if named else dist.Backend.default_device_backend_map.get(dt)
 
 
-def ranks(session, backend, process_group: str, scenario: str, **kwargs) -> list[Outcome]:
+def unregistered(dt: str, process_group: str | None) -> str | None:
+    """Why the process group cannot be used (None: it can)."""
+    import torch.distributed as dist
+
+    if process_group is None:
+        return (f"no torch.distributed backend is registered for the device type {dt!r} "
+                f"(Backend.default_device_backend_map: {dict(dist.Backend.default_device_backend_map)}): register "
+                f"one with torch.distributed.Backend.register_backend(name, creator, devices=[{dt!r}]) when the "
+                "backend is imported, or declare the feature distributed unclaimed")
+    if process_group not in dist.Backend.backend_list:
+        return (f"the manifest names the process group {process_group!r}, which is not registered with "
+                f"torch.distributed (registered: {dist.Backend.backend_list})")
+    return None
+
+
+def ranks(session, backend, process_group: str | None, scenario: str, clause: str, **kwargs) -> list[Outcome]:
+    """Runs `scenario` in the ranks; a process group that cannot be used
+    fails `clause`, the first the test decides."""
+    problem = unregistered(backend.device_type, process_group)
+    check(clause, problem is None, lambda: problem)
     # Within the harness's own limit for a test, so that a hang is reported
     # here, with each rank's state, rather than as a bare timeout.
     budget = max(20.0, session.timeout - 8.0)
@@ -194,11 +202,13 @@ def rank_lifecycle(r):
 def test_the_process_group_is_registered_selected_and_destroyed(session, backend, dt, process_group):
     import torch.distributed as dist
 
+    problem = unregistered(dt, process_group)
+    check("DD-REG-001.1", problem is None, lambda: problem)
     check("DD-REG-001.1", dist.Backend.default_device_backend_map.get(dt) == process_group,
           lambda: f"torch.distributed.Backend.default_device_backend_map maps {dt!r} to "
                   f"{dist.Backend.default_device_backend_map.get(dt)!r}, not to the backend's process group "
                   f"{process_group!r}: register it with register_backend(..., devices=[{dt!r}])")
-    outcomes = ranks(session, backend, process_group, "rank_lifecycle")
+    outcomes = ranks(session, backend, process_group, "rank_lifecycle", "DD-REG-001.2")
     mapping = f"cpu:gloo,{dt}:{process_group}"
     expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
     for rank in range(WORLD):
@@ -216,7 +226,10 @@ def test_the_process_group_is_registered_selected_and_destroyed(session, backend
         seen(outcomes, rank, "destroy", "DD-REG-001.5", "destroy_process_group()")
         check("DD-REG-001.5", outcomes[rank].observed.get("initialized_after_destroy") is False,
               f"torch.distributed.is_initialized() is still True on rank {rank} after destroy_process_group()")
-        seen(outcomes, rank, "init/default", "DD-REG-001.3", "init_process_group() without a backend")
+        seen(outcomes, rank, "init/default", "DD-REG-001.5",
+             "init_process_group() (without a backend) after destroy_process_group()")
+        seen(outcomes, rank, "all_reduce/default", "DD-REG-001.5",
+             "all_reduce in the group initialized after destroy_process_group()")
         name = seen(outcomes, rank, "device_backend/default", "DD-REG-001.3",
                     f"the default group's backend for {dt}")
         check("DD-REG-001.3", name == process_group,
@@ -259,7 +272,7 @@ def rank_all_reduce(r):
 # decides DD-COLL-001.1, DD-COLL-001.2, DD-COLL-001.3
 @contract("DD-COLL-001")
 def test_all_reduce_gives_the_cpu_reduction(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_all_reduce")
+    outcomes = ranks(session, backend, process_group, "rank_all_reduce", "DD-COLL-001.1")
     for op, dtype in REQUIRED_REDUCTIONS:
         expected = reduce_cpu(op, [data(rank, f"{op}/{dtype}", SHAPE, dtype) for rank in range(WORLD)])
         for rank in range(WORLD):
@@ -335,7 +348,8 @@ def rank_collectives(r):
     if rank == world - 1:
         time.sleep(0.3)
     r.mark(f"barrier.{rank}")
-    r.step("barrier", dist.barrier)
+    # On the device (not the group's CPU backend): its barrier is the one checked.
+    r.step("barrier", lambda: dist.barrier(device_ids=[device.index]))
     r.record("barrier/everyone_entered", all(r.marked(f"barrier.{peer}") for peer in range(world)))
     dist.destroy_process_group()
 
@@ -343,7 +357,7 @@ def rank_collectives(r):
 # decides DD-COLL-002.1, DD-COLL-002.2, DD-COLL-002.3, DD-COLL-002.4, DD-COLL-002.5, DD-COLL-002.6
 @contract("DD-COLL-002")
 def test_collectives_give_each_rank_the_cpu_result(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_collectives")
+    outcomes = ranks(session, backend, process_group, "rank_collectives", "DD-COLL-002.1")
     for root in range(WORLD):
         expected = data(root, f"broadcast/{root}", SHAPE)
         for rank in range(WORLD):
@@ -410,12 +424,24 @@ def rank_point_to_point(r):
         first = torch.empty(7, device=device)
         second = torch.empty(3, dtype=torch.int64, device=device)
         r.step("recv", lambda: (dist.recv(first, 0), dist.recv(second, 0), [first.cpu(), second.cpu()])[-1])
+    # rank 1 sends only once rank 0 has queued a reader after irecv's wait()
+    # (or after a while, for a backend whose irecv waits for the message).
     if rank == 1:
         message = data(1, "isend", SHAPE).to(device)
+        deadline = time.monotonic() + 3.0
+        while not r.marked("irecv.queued") and time.monotonic() < deadline:
+            time.sleep(0.01)
         r.step("isend", lambda: dist.isend(message, 0).wait())
     else:
         into = torch.empty(SHAPE, device=device)
-        r.step("irecv", lambda: (dist.irecv(into, 1).wait(), into.cpu())[1])
+
+        def receive():
+            dist.irecv(into, 1).wait()
+            copy = into.clone()
+            r.mark("irecv.queued")
+            return copy.cpu()
+
+        r.step("irecv", receive)
     # Both ranks send first and receive second, 4 MiB each way: a backend
     # must not make either wait for the other's receive.
     outgoing = data(rank, "batch", (1 << 20,)).to(device)
@@ -435,7 +461,7 @@ def rank_point_to_point(r):
 # decides DD-P2P-001.1, DD-P2P-001.2, DD-P2P-001.3
 @contract("DD-P2P-001")
 def test_messages_reach_the_named_peer(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_point_to_point")
+    outcomes = ranks(session, backend, process_group, "rank_point_to_point", "DD-P2P-001.1")
     seen(outcomes, 0, "send", "DD-P2P-001.1", "send")
     first, second = seen(outcomes, 1, "recv", "DD-P2P-001.1", "recv")
     agrees("DD-P2P-001.1", first, data(0, "send/1", (7,)), "the first message rank 1 received from rank 0")
@@ -443,7 +469,8 @@ def test_messages_reach_the_named_peer(session, backend, process_group):
            "the second message (int64) rank 1 received from rank 0")
     seen(outcomes, 1, "isend", "DD-P2P-001.2", "isend(...).wait()")
     agrees("DD-P2P-001.2", seen(outcomes, 0, "irecv", "DD-P2P-001.2", "irecv(...).wait()"), data(1, "isend", SHAPE),
-           "what rank 0 received with irecv after wait()")
+           "a clone queued on the current stream right after irecv(...).wait() on rank 0 (rank 1 sent only after "
+           "it was queued)")
     for rank in range(WORLD):
         got = seen(outcomes, rank, "batch", "DD-P2P-001.3", "batch_isend_irecv exchanging 4 MiB each way")
         agrees("DD-P2P-001.3", got, data(1 - rank, "batch", (1 << 20,)),
@@ -460,33 +487,45 @@ def rank_stream_order(r):
 
     device, rank = r.device, r.rank
     r.init(timeout=PG_TIMEOUT)
-    # 1. The producer of the input is held behind a gate on the current stream.
+    # 1. The input's producer, a device-to-device copy (queued without waiting
+    # for its stream wherever copies are asynchronous), is held behind a
+    # gate on the current stream, or without a gate comes after a long chain
+    # of such copies.
     block = r.instrument("block_stream")
     t = torch.zeros(SHAPE, device=device)
+    source = torch.full(SHAPE, float(rank + 1), device=device)
     torch.accelerator.synchronize()
+
+    def reduced():
+        work = dist.all_reduce(t, async_op=True)
+        # Whether the producer was still queued when the collective was
+        # called (always, behind the gate): only then does a right sum
+        # show that the collective waited for it.
+        in_flight = not torch.accelerator.current_stream().query()
+        work.wait()
+        return t.cpu(), in_flight
 
     def held():
         release = block(torch.accelerator.current_stream())
-        # Released from another thread: a backend whose collectives wait on
-        # the host for their input must not wait for this thread.
+        # Released from another thread: a backend whose copies or collectives
+        # wait on the host for their stream must not wait for this thread.
         timer = threading.Timer(HELD_SECONDS, release)
         timer.start()
         try:
-            t.fill_(float(rank + 1))
-            work = dist.all_reduce(t, async_op=True)
-            work.wait()
-            return t.cpu()
+            t.copy_(source)
+            return reduced()
         finally:
             timer.join()
 
     def long_producer():
-        x = torch.full((256, 256), 1.0 / 256, device=device)
-        for _ in range(20):
-            x = x @ x.abs()
-        t.copy_(torch.full(SHAPE, float(rank + 1), device=device) + x[0, 0] * 0)
-        work = dist.all_reduce(t, async_op=True)
-        work.wait()
-        return t.cpu()
+        a = torch.zeros(1 << 20, device=device)
+        b = torch.ones(1 << 20, device=device)
+        torch.accelerator.synchronize()
+        for _ in range(40):
+            a.copy_(b)
+            b.copy_(a)
+        t.copy_(source)
+        return reduced()
 
     r.record("held/gate", block is not None)
     r.step("held", held if block is not None else long_producer)
@@ -530,17 +569,17 @@ def rank_stream_order(r):
 # decides DD-STREAM-001.1, DD-STREAM-001.2, DD-STREAM-001.3
 @contract("DD-STREAM-001")
 def test_collectives_are_ordered_with_the_callers_stream(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_stream_order")
+    outcomes = ranks(session, backend, process_group, "rank_stream_order", "DD-STREAM-001.1")
     gated = outcomes[0].observed.get("held/gate", False)
     expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
     for rank in range(WORLD):
-        got = seen(outcomes, rank, "held", "DD-STREAM-001.1", "all_reduce of a tensor still being produced")
+        got, in_flight = seen(outcomes, rank, "held", "DD-STREAM-001.1", "all_reduce of a tensor still being produced")
         check("DD-STREAM-001.1", torch.equal(got, expected),
               lambda: f"all_reduce on rank {rank} read its input before the work queued on the caller's current "
                       f"stream had produced it: got\n{got}\nexpected {expected[0, 0].item()} everywhere (each rank "
-                      f"filled its tensor with rank + 1 on the current stream, "
-                      + ("held behind the instrumentation's gate)" if gated else "after a chain of matrix products)"),
-              observed=bool(gated))
+                      f"copied rank + 1 into its tensor on the current stream, "
+                      + ("held behind the instrumentation's gate)" if gated else "after a chain of 80 copies)"),
+              observed=bool(gated) or in_flight)
     for variant, how in (("wait", "all_reduce(async_op=True).wait()"), ("sync", "all_reduce(async_op=False)")):
         expected = reduce_cpu("SUM", [data(rank, f"order/{variant}", SHAPE) for rank in range(WORLD)])
         for rank in range(WORLD):
@@ -611,7 +650,7 @@ def ended_with_error(outcome: Outcome, step: str) -> str | None:
 # decides DD-ERR-001.1
 @contract("DD-ERR-001")
 def test_mismatched_collectives_fail(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_mismatch")
+    outcomes = ranks(session, backend, process_group, "rank_mismatch", "DD-ERR-001.1")
     for rank in range(WORLD):
         wrong = ended_with_error(outcomes[rank], "mismatch")
         check("DD-ERR-001.1", wrong is None,
@@ -623,7 +662,7 @@ def test_mismatched_collectives_fail(session, backend, process_group):
 # decides DD-ERR-001.2
 @contract("DD-ERR-001")
 def test_a_dead_peer_fails_the_collective(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_dead_peer")
+    outcomes = ranks(session, backend, process_group, "rank_dead_peer", "DD-ERR-001.2")
     for rank in range(WORLD):
         seen(outcomes, rank, "barrier", "DD-ERR-001.2", "barrier() before the peer exits")
     wrong = ended_with_error(outcomes[0], "dead_peer")
@@ -635,7 +674,7 @@ def test_a_dead_peer_fails_the_collective(session, backend, process_group):
 # decides DD-ERR-001.3
 @contract("DD-ERR-001")
 def test_a_peer_that_never_joins_fails_the_init(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_never_joins")
+    outcomes = ranks(session, backend, process_group, "rank_never_joins", "DD-ERR-001.3")
     wrong = ended_with_error(outcomes[0], "init")
     check("DD-ERR-001.3", wrong is None,
           lambda: f"rank 1 never called init_process_group; rank 0's init_process_group with a {ERROR_TIMEOUT:g} s "
@@ -659,7 +698,7 @@ def rank_objects(r):
 # decides DD-OBJ-001.1
 @contract("DD-OBJ-001")
 def test_object_collectives_travel_on_the_device(session, backend, dt, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_objects")
+    outcomes = ranks(session, backend, process_group, "rank_objects", "DD-OBJ-001.1")
     for rank in range(WORLD):
         got = seen(outcomes, rank, "broadcast_object_list", "DD-OBJ-001.1", "broadcast_object_list")
         check("DD-OBJ-001.1", got == [{"from": 1, "items": [0, 1, 2]}, "rank 1"],
@@ -716,7 +755,7 @@ def rank_ddp(r):
 # decides DD-DDP-001.1
 @contract("DD-DDP-001")
 def test_data_parallel_training_matches_one_process(session, backend, process_group):
-    outcomes = ranks(session, backend, process_group, "rank_ddp")
+    outcomes = ranks(session, backend, process_group, "rank_ddp", "DD-DDP-001.1")
     model = ddp_model()
     train(model, torch.optim.SGD(model.parameters(), lr=0.1), [ddp_batch(step) for step in range(DDP_STEPS)])
     expected = [p.detach() for p in model.parameters()]
