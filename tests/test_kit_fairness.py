@@ -77,7 +77,8 @@ def _judge_earned(run, unclaimed: set[str]) -> None:
     assert not wrong, f"not-claimed for other reasons than {unclaimed}: {wrong}"
 
 
-UNCLAIMED = {"autoload", "backend-metadata", "sdpa-override", "quantization", "inductor", "async-operators", "graphs"}
+UNCLAIMED = {"autoload", "backend-metadata", "sdpa-override", "quantization", "inductor", "async-operators", "graphs",
+             "distributed"}
 
 
 def test_with_one_device_a_conforming_backend_gets_no_failure_and_its_level(one_device):
