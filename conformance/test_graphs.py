@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ._async import SCALES, Load, hold, new_stream, unobserved
+from ._async import SCALES, Load, hold, new_stream, unobserved, waited
 from ._helpers import Violation, check, must, scope
 
 contract = pytest.mark.contract
@@ -121,6 +121,14 @@ def test_replay_runs_after_the_current_streams_earlier_work(dt, backend):
                 with scope("ST-GRAPH-001.3"):
                     g.replay()
             conclusive = held.pending()
+            if conclusive:
+                # A replay queued on the capture's stream without ordering
+                # after the current stream runs now, while the write is held
+                # (not later, when a busy host schedules that stream after
+                # the release). One ordered after the held write keeps the
+                # capture's stream waiting: waited() releases the hold then.
+                waited(lambda: must(capture_stream.synchronize, "Stream.synchronize() of the capture's stream"),
+                       held)
         torch.accelerator.synchronize(0)
         if conclusive:
             check("ST-GRAPH-001.3", load.is_final(consumed),
