@@ -1,16 +1,17 @@
 """Ranks for the distributed area: the kit starts them, bounds them, and
 brings back what each observed.
 
-A test names a *scenario*, a function ``scenario(rank: Rank) -> object`` of a
+A test names a *scenario*, a function ``scenario(rank: Rank) -> None`` of a
 conformance module, and :func:`run_ranks` runs it in ``world`` new
 interpreters (``python -m privateuse1_conformance.conformance._distributed``)
 that import torch and the backend under test, use device ``rank % n``, and
 meet through files in a fresh folder: first every rank says it is ready
 (imports done, on a busy machine this is the slow part), then the scenario
 runs, typically ``rank.init()`` (``init_process_group`` with a file store)
-and collectives. Each rank pickles what it returns, or the exception it
-raised, and the test compares those observations with the CPU's results
-in its own process, where the kit's evidence is kept.
+and collectives. Each rank records every step's value or exception as it
+goes (:meth:`Rank.step`), and whether its scenario ended or raised; the test
+compares those observations with the CPU's results in its own process,
+where the kit's evidence is kept.
 
 Nothing here waits without a limit: a rank that does not start, crashes,
 or does not finish within the test's budget is killed with all the others,
@@ -115,7 +116,6 @@ class Outcome:
     """How one rank ended."""
 
     rank: int
-    value: Any = None
     error: str | None = None        # type and message of the exception the scenario raised
     traceback: str = ""
     exit: str | None = None         # "exit status 3", "signal SIGABRT", "killed: ..." when it ended without a result
@@ -218,8 +218,6 @@ def run_ranks(backend, process_group: str, scenario: str, *, module: str, world:
                 data = pickle.load(f)
             if "error" in data:
                 outcome.error, outcome.traceback = data["error"], data["traceback"]
-            else:
-                outcome.value = data["value"]
         elif rank in killed:
             outcome.exit = killed[rank]
         else:
@@ -251,14 +249,12 @@ def _main(folder: Path, rank: int) -> None:
     torch.accelerator.set_device_index(device.index)
     context = Rank(rank=rank, world=world, dt=dt, device=device, process_group=spec["process_group"],
                    folder=folder, timeout=spec["pg_timeout"], args=spec["args"], instrumentation=instrumentation)
+    data: dict = {}  # no error: the scenario ended (its observations are in OBSERVED)
     try:
-        data = {"value": scenario(context)}
+        scenario(context)
     except BaseException as e:  # noqa: BLE001 - reported to the test, which judges it
         data = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    try:
-        payload = pickle.dumps(data)
-    except Exception as e:  # noqa: BLE001
-        payload = pickle.dumps({"error": f"the scenario's result cannot be pickled: {e}", "traceback": ""})
+    payload = pickle.dumps(data)
     partial = folder / (RESULT.format(rank=rank) + ".partial")
     partial.write_bytes(payload)
     partial.rename(folder / RESULT.format(rank=rank))

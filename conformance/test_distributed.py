@@ -167,6 +167,13 @@ def agrees(clause: str, got: torch.Tensor, expected: torch.Tensor, what: str) ->
 
 # ---------------------------------------------------------- registration
 
+def same_backend(name, registered: str) -> bool:
+    """Whether a group's backend `name` (its getBackendName(), the vendor's
+    own spelling) is the backend registered as `registered`:
+    register_backend keeps names in lower case, whatever their case."""
+    return isinstance(name, str) and name.lower() == registered.lower()
+
+
 def rank_lifecycle(r):
     import torch.distributed as dist
 
@@ -216,7 +223,7 @@ def test_the_process_group_is_registered_selected_and_destroyed(session, backend
         got = seen(outcomes, rank, "get_backend", "DD-REG-001.2", "get_backend()")
         check("DD-REG-001.2", got == mapping, f"get_backend() on rank {rank} returned {got!r}, not {mapping!r}")
         name = seen(outcomes, rank, "device_backend/mapping", "DD-REG-001.2", f"the group's backend for {dt}")
-        check("DD-REG-001.2", name == process_group,
+        check("DD-REG-001.2", same_backend(name, process_group),
               f"the group's backend for {dt} tensors on rank {rank} is {name!r}, not {process_group!r}")
         agrees("DD-REG-001.2", seen(outcomes, rank, "all_reduce/mapping", "DD-REG-001.2", "all_reduce"), expected,
                f"all_reduce (SUM) on rank {rank} in the group made with the mapping")
@@ -232,7 +239,7 @@ def test_the_process_group_is_registered_selected_and_destroyed(session, backend
              "all_reduce in the group initialized after destroy_process_group()")
         name = seen(outcomes, rank, "device_backend/default", "DD-REG-001.3",
                     f"the default group's backend for {dt}")
-        check("DD-REG-001.3", name == process_group,
+        check("DD-REG-001.3", same_backend(name, process_group),
               f"init_process_group() without a backend gave {dt} tensors the backend {name!r} on rank {rank}, not "
               f"{process_group!r}")
         agrees("DD-REG-001.3", seen(outcomes, rank, "all_reduce/default", "DD-REG-001.3", "all_reduce"), expected,
@@ -282,7 +289,6 @@ def test_all_reduce_gives_the_cpu_reduction(session, backend, process_group):
     for rank in range(WORLD):
         got = seen(outcomes, rank, "large", "DD-COLL-001.3", "all_reduce(SUM) of 16 MiB of float32")
         agrees("DD-COLL-001.3", got, expected, f"all_reduce(SUM) of 16 MiB of float32 on rank {rank}")
-    refused = []
     for op, dtype in OPTIONAL_REDUCTIONS + [("SUM", "non-contiguous")]:
         clause = "DD-COLL-001.3" if dtype == "non-contiguous" else "DD-COLL-001.2"
         if dtype == "non-contiguous":
@@ -292,8 +298,7 @@ def test_all_reduce_gives_the_cpu_reduction(session, backend, process_group):
         for rank in range(WORLD):
             got = outcomes[rank].observed.get(f"{op}/{dtype}")
             if isinstance(got, Raised):
-                refused.append(f"{op}/{dtype}")  # refused with an error: allowed
-                continue
+                continue  # refused with an error: allowed
             check(clause, got is not None,
                   lambda: f"all_reduce({op}) of {dtype}: rank {rank} recorded no result; {outcomes[rank].describe()}")
             agrees(clause, got, expected, f"all_reduce({op}) of {dtype} on rank {rank}"

@@ -320,14 +320,14 @@ class Comm {
   // rank's, checks that they match, and lets `body` move the data through
   // exchange() steps.
   void collective(const Call& call, const std::function<void()>& body) {
-    what_ = describe(call, size);
+    collective_ = describe(call, size);
     state(rank).call = call;
     barrier();
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
       const Call& theirs = state(r).call;
       if (!matches(call, theirs, r)) {
-        raise("OpenReg process group: rank " + std::to_string(rank) + " called " + what_ + " but rank " +
+        raise("OpenReg process group: rank " + std::to_string(rank) + " called " + collective_ + " but rank " +
               std::to_string(r) + " called " + describe(theirs, size) +
               ": every rank must make the same collective calls in the same order, with matching arguments");
       }
@@ -343,6 +343,15 @@ class Comm {
     consume();
     barrier();
   }
+  // exchange() steps over `count` elements, `per` at a time: publish(at, n)
+  // and consume(at, n) move the n elements that start at element `at`.
+  using Chunk = std::function<void(int64_t at, int64_t n)>;
+  void chunked(int64_t count, int64_t per, const Chunk& publish, const Chunk& consume) {
+    for (int64_t at = 0; at < count; at += per) {
+      const int64_t n = std::min(per, count - at);
+      exchange([&] { publish(at, n); }, [&] { consume(at, n); });
+    }
+  }
   const Call& call_of(int r) { return state(r).call; }
   // `count` elements of `dtype` at element `offset` of rank r's slot.
   at::Tensor slot(int r, int64_t offset, int64_t count, c10::ScalarType dtype) {
@@ -352,13 +361,12 @@ class Comm {
 
   // -------------------------------------------------------------- messages
   void send(const char* data, uint64_t bytes, int32_t dtype, int32_t tag, int peer, const std::string& what) {
-    what_ = what;
     Mailbox& box = mailbox(rank, peer);
     char* buffer = mailbox_data(rank, peer);
     uint64_t offset = 0;
     do {
       const uint32_t posted = box.posted.load(std::memory_order_relaxed);
-      await(box.taken, posted, peer);  // the previous chunk was taken
+      await(box.taken, posted, peer, what);  // the previous chunk was taken
       const uint64_t chunk = std::min<uint64_t>(bytes - offset, kMailboxBytes);
       std::memcpy(buffer, data + offset, chunk);
       box.bytes = chunk;
@@ -371,13 +379,12 @@ class Comm {
     } while (offset < bytes);
   }
   void recv(char* data, uint64_t bytes, int32_t dtype, int32_t tag, int peer, const std::string& what) {
-    what_ = what;
     Mailbox& box = mailbox(peer, rank);
     const char* buffer = mailbox_data(peer, rank);
     uint64_t offset = 0;
     do {
       const uint32_t taken = box.taken.load(std::memory_order_relaxed);
-      await(box.posted, taken + 1, peer);
+      await(box.posted, taken + 1, peer, what);
       if (box.message_bytes != bytes || box.dtype != dtype || box.tag != tag) {
         std::ostringstream out;
         out << "OpenReg process group: rank " << rank << " " << what << " expects " << bytes << " bytes of "
@@ -441,12 +448,13 @@ class Comm {
     mine.arrived.store(target, std::memory_order_release);
     futex(&mine.arrived, FUTEX_WAKE, INT_MAX, nullptr);
     for (int r = 0; r < size; ++r) {
-      if (r != rank) await(state(r).arrived, target, r);
+      if (r != rank) await(state(r).arrived, target, r, collective_);
     }
   }
 
-  // Waits until `word` (written by rank `peer`) reaches `target`.
-  void await(std::atomic<uint32_t>& word, uint32_t target, int peer) {
+  // Waits until `word` (written by rank `peer`) reaches `target`, in the
+  // operation `what` (quoted by its errors).
+  void await(std::atomic<uint32_t>& word, uint32_t target, int peer, const std::string& what) {
     const auto start = Clock::now();
     auto next_check = start + std::chrono::milliseconds(50);
     for (int spin = 0;; ++spin) {
@@ -459,11 +467,11 @@ class Comm {
       const timespec nap{0, 2'000'000};
       futex(&word, FUTEX_WAIT, seen, &nap);
       const auto now = Clock::now();
-      check_live(what_);
+      check_live(what);
       if (now - start > timeout) {
         const int32_t pid = state(peer).pid.load();
         raise("OpenReg process group: rank " + std::to_string(rank) + " timed out after " +
-              std::to_string(timeout.count()) + " ms in " + what_ + " waiting for rank " + std::to_string(peer) +
+              std::to_string(timeout.count()) + " ms in " + what + " waiting for rank " + std::to_string(peer) +
               (pid > 0 ? " (pid " + std::to_string(pid) + ")" : " (which never joined)") +
               ", whose last collective call was " + describe(state(peer).call, size));
       }
@@ -472,7 +480,7 @@ class Comm {
         const int32_t pid = state(peer).pid.load();
         if (!process_alive(pid)) {
           raise("OpenReg process group: rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
-                ") exited while rank " + std::to_string(rank) + " waited for it in " + what_);
+                ") exited while rank " + std::to_string(rank) + " waited for it in " + what);
         }
       }
     }
@@ -480,10 +488,11 @@ class Comm {
 
   char* base_ = nullptr;
   size_t bytes_ = 0, states_ = 0, mailboxes_ = 0, slots_ = 0, mailbox_data_ = 0;
-  // Touched only by the running kernel of a channel (channels run one
-  // operation at a time, in order: Sequencer).
+  // Touched only by the running kernel of the collective channel (it runs
+  // one operation at a time, in order: Sequencer); sends and receives, on
+  // streams of their own, touch neither.
   uint32_t barriers_ = 0;
-  std::string what_;
+  std::string collective_;  // the running collective, as its errors quote it
   Sequencer collectives_;
   std::vector<Sequencer> sends_, recvs_;
   mutable std::mutex failure_mutex_;
@@ -706,11 +715,10 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes, data.flat);
-        for (int64_t at = 0; at < call.count; at += per) {
-          const int64_t n = std::min(per, call.count - at);
-          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
-                        [&] { reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op); });
-        }
+        comm.chunked(
+            call.count, per,
+            [&](int64_t at, int64_t n) { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
+            [&](int64_t at, int64_t n) { reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op); });
       });
       data.finish();
     });
@@ -728,17 +736,14 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       Flat data(t[0], comm.rank == root);
       const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
-        const int64_t per = chunk_elements(kSlotBytes, data.flat);
-        for (int64_t at = 0; at < call.count; at += per) {
-          const int64_t n = std::min(per, call.count - at);
-          comm.exchange(
-              [&] {
-                if (comm.rank == root) comm.slot(root, 0, n, dtype).copy_(data.flat.narrow(0, at, n));
-              },
-              [&] {
-                if (comm.rank != root) data.flat.narrow(0, at, n).copy_(comm.slot(root, 0, n, dtype));
-              });
-        }
+        comm.chunked(
+            call.count, chunk_elements(kSlotBytes, data.flat),
+            [&](int64_t at, int64_t n) {
+              if (comm.rank == root) comm.slot(root, 0, n, dtype).copy_(data.flat.narrow(0, at, n));
+            },
+            [&](int64_t at, int64_t n) {
+              if (comm.rank != root) data.flat.narrow(0, at, n).copy_(comm.slot(root, 0, n, dtype));
+            });
       });
       if (comm.rank != root) data.finish();
     });
@@ -755,14 +760,12 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       Flat data(t[0], true);
       const auto dtype = data.flat.scalar_type();
       comm.collective(call, [&] {
-        const int64_t per = chunk_elements(kSlotBytes, data.flat);
-        for (int64_t at = 0; at < call.count; at += per) {
-          const int64_t n = std::min(per, call.count - at);
-          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
-                        [&] {
-                          if (comm.rank == root) reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op);
-                        });
-        }
+        comm.chunked(
+            call.count, chunk_elements(kSlotBytes, data.flat),
+            [&](int64_t at, int64_t n) { comm.slot(comm.rank, 0, n, dtype).copy_(data.flat.narrow(0, at, n)); },
+            [&](int64_t at, int64_t n) {
+              if (comm.rank == root) reduce_slots(comm, data.flat.narrow(0, at, n), 0, n, op);
+            });
       });
       if (comm.rank == root) data.finish();
     });
@@ -850,17 +853,17 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       const auto dtype = out.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes / comm.size, out.flat);
-        for (int64_t at = 0; at < call.count; at += per) {
-          const int64_t n = std::min(per, call.count - at);
-          comm.exchange(
-              [&] {
-                if (comm.rank != root) return;
-                for (int r = 0; r < comm.size; ++r) {
-                  comm.slot(root, r * per, n, dtype).copy_(ins[r].flat.narrow(0, at, n));
-                }
-              },
-              [&] { out.flat.narrow(0, at, n).copy_(comm.slot(root, comm.rank * per, n, dtype)); });
-        }
+        comm.chunked(
+            call.count, per,
+            [&](int64_t at, int64_t n) {
+              if (comm.rank != root) return;
+              for (int r = 0; r < comm.size; ++r) {
+                comm.slot(root, r * per, n, dtype).copy_(ins[r].flat.narrow(0, at, n));
+              }
+            },
+            [&](int64_t at, int64_t n) {
+              out.flat.narrow(0, at, n).copy_(comm.slot(root, comm.rank * per, n, dtype));
+            });
       });
       out.finish();
     });
@@ -1055,17 +1058,15 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       const bool receives = root < 0 || comm.rank == root;
       const auto dtype = in.flat.scalar_type();
       comm.collective(call, [&] {
-        const int64_t per = chunk_elements(kSlotBytes, in.flat);
-        for (int64_t at = 0; at < count; at += per) {
-          const int64_t n = std::min(per, count - at);
-          comm.exchange([&] { comm.slot(comm.rank, 0, n, dtype).copy_(in.flat.narrow(0, at, n)); },
-                        [&] {
-                          if (!receives) return;
-                          for (int r = 0; r < comm.size; ++r) {
-                            block(r).narrow(0, at, n).copy_(comm.slot(r, 0, n, dtype));
-                          }
-                        });
-        }
+        comm.chunked(
+            count, chunk_elements(kSlotBytes, in.flat),
+            [&](int64_t at, int64_t n) { comm.slot(comm.rank, 0, n, dtype).copy_(in.flat.narrow(0, at, n)); },
+            [&](int64_t at, int64_t n) {
+              if (!receives) return;
+              for (int r = 0; r < comm.size; ++r) {
+                block(r).narrow(0, at, n).copy_(comm.slot(r, 0, n, dtype));
+              }
+            });
       });
       for (auto& out : outs) out.finish();
     });
@@ -1086,16 +1087,14 @@ class ProcessGroupOpenReg final : public c10d::Backend {
       const auto dtype = out.flat.scalar_type();
       comm.collective(call, [&] {
         const int64_t per = chunk_elements(kSlotBytes / comm.size, out.flat);
-        for (int64_t at = 0; at < count; at += per) {
-          const int64_t n = std::min(per, count - at);
-          comm.exchange(
-              [&] {
-                for (int r = 0; r < comm.size; ++r) {
-                  comm.slot(comm.rank, r * per, n, dtype).copy_(block(r).narrow(0, at, n));
-                }
-              },
-              [&] { reduce_slots(comm, out.flat.narrow(0, at, n), comm.rank * per, n, op); });
-        }
+        comm.chunked(
+            count, per,
+            [&](int64_t at, int64_t n) {
+              for (int r = 0; r < comm.size; ++r) {
+                comm.slot(comm.rank, r * per, n, dtype).copy_(block(r).narrow(0, at, n));
+              }
+            },
+            [&](int64_t at, int64_t n) { reduce_slots(comm, out.flat.narrow(0, at, n), comm.rank * per, n, op); });
       });
       out.finish();
     });
