@@ -613,6 +613,23 @@ def rank_mismatch(r):
     r.step("mismatch", lambda: (dist.all_reduce(t), t.cpu())[1])
 
 
+def rank_bad_arguments(r):
+    import torch.distributed as dist
+
+    r.init(timeout=ERROR_TIMEOUT)
+    # A root and a peer outside the group: refused on each rank by itself,
+    # after which the group still works.
+    t = torch.zeros(SHAPE, device=r.device)
+    r.step("bad_root", lambda: (dist.broadcast(t, src=r.world), t.cpu())[1])
+    r.step("bad_peer", lambda: (dist.send(t, dst=r.world), "sent")[1])
+    x = torch.full(SHAPE, float(r.rank + 1), device=r.device)
+    r.step("after_bad", lambda: (dist.all_reduce(x), x.cpu())[1])
+    # Last, since it may end the group: the same element count in dtypes of
+    # different sizes (a backend that compares sizes in bytes sees it too).
+    y = torch.ones(4, dtype=torch.float32 if r.rank == 0 else torch.float64, device=r.device)
+    r.step("dtype_mismatch", lambda: (dist.all_reduce(y), y.cpu())[1])
+
+
 def rank_dead_peer(r):
     import os
 
@@ -662,6 +679,32 @@ def test_mismatched_collectives_fail(session, backend, process_group):
               lambda: f"rank 0 called all_reduce on 4 elements and rank 1 on 8, in a group with a {ERROR_TIMEOUT:g} s "
                       f"timeout; on rank {rank} {wrong}. A mismatch must end in an error on every rank (at the call, "
                       "at wait() or when the output is read), never in a result or a hang")
+
+
+# decides DD-ERR-001.4, DD-ERR-001.5
+@contract("DD-ERR-001")
+def test_bad_ranks_and_dtypes_fail(session, backend, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_bad_arguments", "DD-ERR-001.5")
+    expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
+    for rank in range(WORLD):
+        for step, how in (("bad_root", f"broadcast(tensor, src={WORLD})"), ("bad_peer", f"send(tensor, dst={WORLD})")):
+            value = outcomes[rank].observed.get(step)
+            check("DD-ERR-001.5", isinstance(value, Raised),
+                  lambda: f"{how} in a group of {WORLD} ranks did not raise on rank {rank}: "
+                          + (f"it returned\n{value}" if value is not None else outcomes[rank].describe())
+                          + f". A rank outside [0, {WORLD}) must be refused with an error on the calling rank (at the "
+                            "call or at wait()), leaving the group usable")
+        got = seen(outcomes, rank, "after_bad", "DD-ERR-001.5",
+                   f"all_reduce after broadcast(src={WORLD}) and send(dst={WORLD}) were refused")
+        agrees("DD-ERR-001.5", got, expected,
+               f"all_reduce on rank {rank} after broadcast(src={WORLD}) and send(dst={WORLD}) were refused (a "
+               "refused call must leave the group as it was)")
+    for rank in range(WORLD):
+        wrong = ended_with_error(outcomes[rank], "dtype_mismatch")
+        check("DD-ERR-001.4", wrong is None,
+              lambda: f"rank 0 called all_reduce on 4 float32 elements and rank 1 on 4 float64, in a group with a "
+                      f"{ERROR_TIMEOUT:g} s timeout; on rank {rank} {wrong}. A dtype mismatch must end in an error on "
+                      "every rank (at the call, at wait() or when the output is read), never in a result or a hang")
 
 
 # decides DD-ERR-001.2

@@ -243,8 +243,21 @@ def test_work_goes_to_the_current_stream(dt, n, backend):
                 load.write(target)  # on device j's current stream: s
                 default_done = must(default.query, f"Stream.query() of {dt}:{j}'s default stream")
                 conclusive = held.pending()
+                # The write may also have gone to the default stream and
+                # finished there before query() looked: after the default
+                # stream is synchronized, work that went there has certainly
+                # run, while work on s is still held. (waited: a backend
+                # whose default stream waits for the others is released.)
+                waited(lambda: must(default.synchronize, f"Stream.synchronize() of {dt}:{j}'s default stream"),
+                       held, keep=True)
+                begun = load.progress(target)[0]  # an unordered read
+                still_held = held.pending()
             s.synchronize()
             torch.accelerator.set_stream(default)
+            if still_held:
+                check("ST-CUR-001.4", not begun,
+                      f"with a new stream current on {dt}:{j}, work queued on it ran while that stream was held (it "
+                      "had run once the default stream was synchronized): operators must run on the current stream")
             if conclusive:
                 check("ST-CUR-001.4", default_done,
                       f"with a new stream current on {dt}:{j}, queued work kept the default stream busy: operators "
