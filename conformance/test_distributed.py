@@ -356,10 +356,21 @@ def rank_collectives(r):
     # On the device (not the group's CPU backend): its barrier is the one checked.
     r.step("barrier", lambda: dist.barrier(device_ids=[device.index]))
     r.record("barrier/everyone_entered", all(r.marked(f"barrier.{peer}") for peer in range(world)))
+    # Non-contiguous tensors, last: a backend may refuse them, and each
+    # refusal gets a fresh group (as in rank_all_reduce).
+    view = data(rank, "non-contiguous/broadcast", (6, 4)).to(device).t()
+    strided = data(rank, "non-contiguous/all_gather", (5, 3)).to(device).t()
+    gathered = torch.empty((world * 3, 5), device=device)
+    cases = [("non-contiguous/broadcast", lambda: run(lambda: dist.broadcast(view, src=0), view)),
+             ("non-contiguous/all_gather_into_tensor",
+              lambda: run(lambda: dist.all_gather_into_tensor(gathered, strided), gathered))]
+    for name, call in cases:
+        if r.step(name, call) is None:
+            r.step(f"{name}/reinit", lambda: (dist.destroy_process_group(), r.init(timeout=PG_TIMEOUT)))
     dist.destroy_process_group()
 
 
-# decides DD-COLL-002.1, DD-COLL-002.2, DD-COLL-002.3, DD-COLL-002.4, DD-COLL-002.5, DD-COLL-002.6
+# decides DD-COLL-002.1, DD-COLL-002.2, DD-COLL-002.3, DD-COLL-002.4, DD-COLL-002.5, DD-COLL-002.6, DD-COLL-002.7
 @contract("DD-COLL-002")
 def test_collectives_give_each_rank_the_cpu_result(session, backend, process_group):
     outcomes = ranks(session, backend, process_group, "rank_collectives", "DD-COLL-002.1")
@@ -411,6 +422,19 @@ def test_collectives_give_each_rank_the_cpu_result(session, backend, process_gro
         check("DD-COLL-002.6", outcomes[rank].observed.get("barrier/everyone_entered") is True,
               f"rank {rank} returned from barrier() before every rank had entered it (rank {WORLD - 1} entered "
               "last, 0.3 s late)")
+    strided = [data(rank, "non-contiguous/all_gather", (5, 3)).t() for rank in range(WORLD)]
+    for name, expected, how in (
+            ("non-contiguous/broadcast", data(0, "non-contiguous/broadcast", (6, 4)).t(),
+             "broadcast from rank 0 into a transposed (non-contiguous) view"),
+            ("non-contiguous/all_gather_into_tensor", torch.cat(strided),
+             "all_gather_into_tensor of a transposed (non-contiguous) input")):
+        for rank in range(WORLD):
+            got = outcomes[rank].observed.get(name)
+            if isinstance(got, Raised):
+                continue  # refused with an error: allowed
+            check("DD-COLL-002.7", got is not None,
+                  lambda: f"{how}: rank {rank} recorded no result; {outcomes[rank].describe()}")
+            agrees("DD-COLL-002.7", got[0], expected, f"{how}, on rank {rank}")
 
 
 # ---------------------------------------------------------------- send/recv
