@@ -580,7 +580,31 @@ def rank_stream_order(r):
             while not r.marked(f"queued.{variant}") and time.monotonic() < deadline:
                 time.sleep(0.01)
             r.step(f"order/{variant}", lambda x=x: (dist.all_reduce(x), x.cpu())[1])
-    # 3. The future and is_completed().
+    # 3. Memory an in-flight collective reads is not reused: rank 0 drops
+    # its input as soon as all_gather_into_tensor(async_op=True) returns,
+    # fills the next allocation of the input's size, and the last rank joins
+    # only after that fill has run (or after a while, as above).
+    held_inputs = [data(rank, "freed", SHAPE).to(device)]
+    gathered = torch.zeros((r.world * SHAPE[0], SHAPE[1]), device=device)
+    torch.accelerator.synchronize()
+    if rank == 0:
+        def freed():
+            work = dist.all_gather_into_tensor(gathered, held_inputs.pop(), async_op=True)
+            # The input's last reference is gone: a caching allocator may hand
+            # out its memory again only once the collective no longer uses it.
+            reused = torch.empty(SHAPE, device=device)
+            reused.fill_(-99.0)
+            torch.accelerator.current_stream().synchronize()
+            r.mark("freed.filled")
+            work.wait()
+            return gathered.cpu()
+        r.step("freed", freed)
+    else:
+        deadline = time.monotonic() + 3.0
+        while not r.marked("freed.filled") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r.step("freed", lambda: (dist.all_gather_into_tensor(gathered, held_inputs[0]), gathered.cpu())[1])
+    # 4. The future and is_completed().
     x = data(rank, "future", SHAPE).to(device)
 
     def future():
@@ -595,7 +619,7 @@ def rank_stream_order(r):
     dist.destroy_process_group()
 
 
-# decides DD-STREAM-001.1, DD-STREAM-001.2, DD-STREAM-001.3
+# decides DD-STREAM-001.1, DD-STREAM-001.2, DD-STREAM-001.3, DD-STREAM-001.4
 @contract("DD-STREAM-001")
 def test_collectives_are_ordered_with_the_callers_stream(session, backend, process_group):
     outcomes = ranks(session, backend, process_group, "rank_stream_order", "DD-STREAM-001.1")
@@ -616,6 +640,14 @@ def test_collectives_are_ordered_with_the_callers_stream(session, backend, proce
             agrees("DD-STREAM-001.2", got, expected,
                    f"a clone queued on the current stream right after {how} on rank {rank} (rank {WORLD - 1} joined "
                    "the collective only after rank 0 had queued it)")
+    expected = torch.cat([data(rank, "freed", SHAPE) for rank in range(WORLD)])
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "freed", "DD-STREAM-001.4", "all_gather_into_tensor of an input freed in flight")
+        agrees("DD-STREAM-001.4", got, expected,
+               f"all_gather_into_tensor on rank {rank}, whose input rank 0 freed as soon as the call returned (async_op"
+               "=True) and whose memory's next allocation it then filled with -99 before the last rank joined: the "
+               "allocator must not reuse memory that an in-flight collective still reads (record the tensors on the "
+               "communication stream, as ProcessGroupNCCL does, or keep them alive until the collective ends)")
     expected = reduce_cpu("SUM", [data(rank, "future", SHAPE) for rank in range(WORLD)])
     for rank in range(WORLD):
         value, doubled, completed = seen(outcomes, rank, "future", "DD-STREAM-001.3", "Work.get_future()")
