@@ -870,3 +870,79 @@ def test_data_parallel_training_matches_one_process(session, backend, process_gr
                   lambda: f"after {DDP_STEPS} SGD steps of DistributedDataParallel on rank {rank}, parameter {k} "
                           f"differs from single-process training on whole batches on the CPU by "
                           f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")
+
+
+# ------------------------------------------------- DTensor and FSDP2
+
+def sharded_input(rank: int, key: str) -> torch.Tensor:
+    return data(rank, key, (2 * WORLD, 3 * WORLD))
+
+
+def rank_sharded(r):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    r.init(timeout=PG_TIMEOUT)
+    mesh = r.step("mesh", lambda: init_device_mesh(r.dt, (r.world,)))
+    if mesh is None:
+        return
+    local = lambda t: t.to_local().cpu()  # noqa: E731
+    full = sharded_input(0, "dtensor").to(r.device)
+    rows = r.step("Shard(0)", lambda: distribute_tensor(full, mesh, [Shard(0)]))
+    if rows is not None:
+        r.record("Shard(0)", local(rows))
+        r.step("Shard(0)->Replicate", lambda: local(rows.redistribute(mesh, [Replicate()])))
+        r.step("Shard(0)->Shard(1)", lambda: local(rows.redistribute(mesh, [Shard(1)])))
+    partial = lambda: DTensor.from_local(sharded_input(r.rank, "partial").to(r.device), mesh, [Partial()])  # noqa: E731
+    r.step("Partial->Replicate", lambda: local(partial().redistribute(mesh, [Replicate()])))
+    r.step("Partial->Shard(0)", lambda: local(partial().redistribute(mesh, [Shard(0)])))
+
+    def train_sharded():
+        model = ddp_model().to(r.device)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        half = 8 // r.world
+        batches = []
+        for step in range(DDP_STEPS):
+            x, y = ddp_batch(step)
+            part = slice(r.rank * half, (r.rank + 1) * half)
+            batches.append((x[part].to(r.device), y[part].to(r.device)))
+        train(model, optimizer, batches)
+        return [p.full_tensor().detach().cpu() for p in model.parameters()]
+
+    r.step("fully_shard", train_sharded)
+    dist.destroy_process_group()
+
+
+# decides DD-SHARD-001.1, DD-SHARD-001.2
+@contract("DD-SHARD-001")
+def test_dtensor_and_fsdp2_work_on_the_device(session, backend, dt, process_group):
+    outcomes = ranks(session, backend, process_group, "rank_sharded", "DD-SHARD-001.1")
+    full = sharded_input(0, "dtensor")
+    total = reduce_cpu("SUM", [sharded_input(rank, "partial") for rank in range(WORLD)])
+    for rank in range(WORLD):
+        seen(outcomes, rank, "mesh", "DD-SHARD-001.1", f"init_device_mesh({dt!r}, ({WORLD},))")
+        for name, expected in (("Shard(0)", full.chunk(WORLD, 0)[rank]),
+                               ("Shard(0)->Replicate", full),
+                               ("Shard(0)->Shard(1)", full.chunk(WORLD, 1)[rank]),
+                               ("Partial->Replicate", total),
+                               ("Partial->Shard(0)", total.chunk(WORLD, 0)[rank])):
+            what = ("distribute_tensor(..., [Shard(0)])" if name == "Shard(0)"
+                    else f"DTensor.redistribute {name.replace('->', ' to ')}")
+            got = seen(outcomes, rank, name, "DD-SHARD-001.1", what)
+            agrees("DD-SHARD-001.1", got, expected, f"the local tensor of {what} on rank {rank}")
+    model = ddp_model()
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), [ddp_batch(step) for step in range(DDP_STEPS)])
+    expected = [p.detach() for p in model.parameters()]
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, "fully_shard", "DD-SHARD-001.2", "FSDP2 (fully_shard) training")
+        for k, (g, e) in enumerate(zip(got, expected)):
+            check("DD-SHARD-001.2", torch.allclose(g, e, rtol=1e-4, atol=1e-5),
+                  lambda: f"after {DDP_STEPS} SGD steps of FSDP2 (fully_shard) on rank {rank}, parameter {k} differs "
+                          f"from single-process training on whole batches on the CPU by "
+                          f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")

@@ -38,6 +38,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -691,6 +692,45 @@ class WorkOpenReg final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// The Work of a coalesced call (allreduce_coalesced,
+// allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced): one
+// operation per tensor, queued in order on the communication stream. It is
+// done when all are, failed when one failed, and its future completes with
+// every output once the last operation has run.
+class WorkCoalesced final : public c10d::Work {
+ public:
+  WorkCoalesced(int rank, c10d::OpType type, const char* title, std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                std::vector<at::Tensor> outputs, c10::intrusive_ptr<c10::ivalue::Future> future)
+      : Work(rank, type, title), works_(std::move(works)), outputs_(std::move(outputs)), future_(std::move(future)) {}
+
+  bool isCompleted() override {
+    return std::all_of(works_.begin(), works_.end(), [](const auto& w) { return w->isCompleted(); });
+  }
+  bool isSuccess() const override {
+    return std::all_of(works_.begin(), works_.end(), [](const auto& w) { return w->isSuccess(); });
+  }
+  std::exception_ptr exception() const override {
+    for (const auto& w : works_) {
+      if (auto error = w->exception()) return error;
+    }
+    return nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  void synchronize() override {
+    for (const auto& w : works_) w->synchronize();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (const auto& w : works_) w->wait(timeout);
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 // ------------------------------------------------------------ the group
 enum class Channel { Collective, Send, Recv };
 
@@ -791,11 +831,7 @@ class ProcessGroupOpenReg final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
-    check_tensor(input, "all_gather_into_tensor", "input_tensor");
-    check_same(input, output, "all_gather_into_tensor", "output_tensor");
-    TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), kPrefix,
-                      "all_gather_into_tensor: output_tensor must have world size x input elements (",
-                      input.numel() * getSize(), "), got ", output.numel());
+    check_all_gather_into(output, input);
     return gather_blocks(Kind::AllGather, c10d::OpType::_ALLGATHER_BASE, "openreg:all_gather_into_tensor", input,
                          {input, output}, {output}, -1);
   }
@@ -871,14 +907,43 @@ class ProcessGroupOpenReg final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    check_tensor(input, "reduce_scatter_tensor", "input");
-    check_same(input, output, "reduce_scatter_tensor", "output");
-    TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), kPrefix,
-                      "reduce_scatter_tensor: input must have world size x output elements (",
-                      output.numel() * getSize(), "), got ", input.numel());
-    const auto op = check_op(opts.reduceOp, input, "reduce_scatter_tensor");
+    const auto op = check_reduce_scatter_into(output, input, opts);
     return scatter_reduce(c10d::OpType::_REDUCE_SCATTER_BASE, "openreg:reduce_scatter_tensor", output, {input, output},
                           op);
+  }
+
+  // The coalesced calls, which the functional collectives (and so DTensor
+  // and torch.compile's collectives) use even for one tensor: every pair is
+  // checked before any is queued, then each runs as its own collective.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    TORCH_CHECK_VALUE(!tensors.empty(), kPrefix, "all_reduce_coalesced needs at least one tensor");
+    for (const auto& t : tensors) {
+      check_tensor(t, "all_reduce_coalesced", "tensors");
+      check_op(opts.reduceOp, t, "all_reduce_coalesced");
+    }
+    return coalesced(c10d::OpType::ALLREDUCE_COALESCED, "openreg:all_reduce_coalesced", tensors, [&](size_t k) {
+      std::vector<at::Tensor> one{tensors[k]};
+      return allreduce(one, opts);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    check_pairs(outputs, inputs, "all_gather_into_tensor_coalesced");
+    for (size_t k = 0; k < inputs.size(); ++k) check_all_gather_into(outputs[k], inputs[k]);
+    return coalesced(c10d::OpType::COALESCED, "openreg:all_gather_into_tensor_coalesced", outputs,
+                     [&](size_t k) { return _allgather_base(outputs[k], inputs[k], opts); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    check_pairs(outputs, inputs, "reduce_scatter_tensor_coalesced");
+    for (size_t k = 0; k < inputs.size(); ++k) check_reduce_scatter_into(outputs[k], inputs[k], opts);
+    return coalesced(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "openreg:reduce_scatter_tensor_coalesced",
+                     outputs, [&](size_t k) { return _reduce_scatter_base(outputs[k], inputs[k], opts); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1041,6 +1106,48 @@ class ProcessGroupOpenReg final : public c10d::Backend {
 
   // all_gather (blocks: one per rank, on every rank) and gather (blocks only
   // on the root): rank r's input lands in blocks[r].
+  void check_all_gather_into(const at::Tensor& output, const at::Tensor& input) const {
+    check_tensor(input, "all_gather_into_tensor", "input_tensor");
+    check_same(input, output, "all_gather_into_tensor", "output_tensor");
+    TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), kPrefix,
+                      "all_gather_into_tensor: output_tensor must have world size x input elements (",
+                      input.numel() * getSize(), "), got ", output.numel());
+  }
+
+  c10d::ReduceOp::RedOpType check_reduce_scatter_into(const at::Tensor& output, const at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) const {
+    check_tensor(input, "reduce_scatter_tensor", "input");
+    check_same(input, output, "reduce_scatter_tensor", "output");
+    TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), kPrefix,
+                      "reduce_scatter_tensor: input must have world size x output elements (",
+                      output.numel() * getSize(), "), got ", input.numel());
+    return check_op(opts.reduceOp, input, "reduce_scatter_tensor");
+  }
+
+  static void check_pairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                          const char* op) {
+    TORCH_CHECK_VALUE(!inputs.empty() && outputs.size() == inputs.size(), kPrefix, op,
+                      " takes one output per input (at least one), got ", outputs.size(), " outputs and ",
+                      inputs.size(), " inputs");
+  }
+
+  // Queues one(k) for each of `results` (the outputs) in order and returns their Work.
+  c10::intrusive_ptr<c10d::Work> coalesced(c10d::OpType type, const char* title, const std::vector<at::Tensor>& results,
+                                           const std::function<c10::intrusive_ptr<c10d::Work>(size_t)>& one) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (size_t k = 0; k < results.size(); ++k) works.push_back(one(k));
+    const c10::DeviceIndex index = results[0].device().index();
+    const c10::Device device(c10::DeviceType::PrivateUse1, index);
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                           std::vector<c10::Device>{device});
+    {
+      // After the last operation on the communication stream, as in launch().
+      const c10::StreamGuard guard(channel_stream(Channel::Collective, index));
+      future->markCompleted(c10::IValue(results));
+    }
+    return c10::make_intrusive<WorkCoalesced>(getRank(), type, title, std::move(works), results, std::move(future));
+  }
+
   c10::intrusive_ptr<c10d::Work> gather_blocks(Kind kind, c10d::OpType type, const char* title,
                                                const at::Tensor& input, std::vector<at::Tensor> tensors,
                                                std::vector<at::Tensor> outputs, int root) {
