@@ -885,14 +885,19 @@ def rank_sharded(r):
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
     r.init(timeout=PG_TIMEOUT)
-    mesh = r.step("mesh", lambda: init_device_mesh(r.dt, (r.world,)))
-    if mesh is None:
+    made = {}  # what the steps build (only what they return is recorded)
+
+    def build(name, make):
+        made[name] = make()
+        return str(made[name]) if name == "mesh" else made[name].to_local().cpu()
+
+    if r.step("mesh", lambda: build("mesh", lambda: init_device_mesh(r.dt, (r.world,)))) is None:
         return
+    mesh = made["mesh"]
     local = lambda t: t.to_local().cpu()  # noqa: E731
     full = sharded_input(0, "dtensor").to(r.device)
-    rows = r.step("Shard(0)", lambda: distribute_tensor(full, mesh, [Shard(0)]))
-    if rows is not None:
-        r.record("Shard(0)", local(rows))
+    if r.step("Shard(0)", lambda: build("rows", lambda: distribute_tensor(full, mesh, [Shard(0)]))) is not None:
+        rows = made["rows"]
         r.step("Shard(0)->Replicate", lambda: local(rows.redistribute(mesh, [Replicate()])))
         r.step("Shard(0)->Shard(1)", lambda: local(rows.redistribute(mesh, [Shard(1)])))
     partial = lambda: DTensor.from_local(sharded_input(r.rank, "partial").to(r.device), mesh, [Partial()])  # noqa: E731
