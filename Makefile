@@ -49,7 +49,7 @@ conformance: build
 ## conformance suite; part of `make test`.
 PROCESS_MODE_TESTS := $(addprefix tests/test_,allocator.py amp.py async_operators.py autoload.py device_loss.py \
   device_management.py guard.py hooks.py inductor.py inline_kernels.py isolation.py memory.py processes.py rng.py \
-  openreg_stress.py streams_events.py tensors.py)
+  openreg_stress.py process_group.py streams_events.py tensors.py)
 test-process: build
 	OPENREG_EXECUTOR=process $(PYTHON) -m pytest $(PROCESS_MODE_TESTS) -n 2 --dist loadfile -q -rs -m "not mutation"
 	OPENREG_EXECUTOR=process $(VENV)/bin/privateuse1-conformance run --backend openreg \

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_DIR = REPO / "build" / "dev" / "fixtures"
@@ -201,6 +202,15 @@ def pu1_sync_one_device_run(tmp_path_factory) -> SuiteRun:
     return shared_run(tmp_path_factory, "pu1_sync-one-device",
                       lambda work: run_suite("pu1_sync", work, f"--manifest={PU1_SYNC_MANIFEST}",
                                              env={"PU1_SYNC_DEVICE_COUNT": "1"}))
+
+
+# OpenReg as the kit's rank launcher (conformance/_distributed.py) sees a
+# backend under test, and the environment its ranks need to import the
+# scenario modules of this folder (kit_dist_scenarios.py,
+# openreg_pg_scenarios.py): for the tests that drive ranks directly.
+OPENREG_RANKS = SimpleNamespace(module_name="openreg", device_type="openreg",
+                                manifest=SimpleNamespace(instrumentation=None))
+SCENARIO_ENV = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 
 
 # A few operators: the runs of the other fixture backends are about the

@@ -4,20 +4,13 @@ before."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from types import SimpleNamespace
-
+from kit_support import OPENREG_RANKS, SCENARIO_ENV
 from privateuse1_conformance.conformance._distributed import Raised, run_ranks
-
-HERE = Path(__file__).resolve().parent
-BACKEND = SimpleNamespace(module_name="openreg", device_type="openreg",
-                          manifest=SimpleNamespace(instrumentation=None))
-ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_a_crashing_rank_and_a_raising_step_are_reported_with_what_came_before():
-    outcomes = run_ranks(BACKEND, "orccl", "crash_one", module="kit_dist_scenarios", budget=120, env=ENV)
+    outcomes = run_ranks(OPENREG_RANKS, "orccl", "crash_one", module="kit_dist_scenarios", budget=120,
+                         env=SCENARIO_ENV)
     zero, one = outcomes
     assert zero.ok and zero.observed["before"] == 0 and zero.observed["after"] == "done"
     assert isinstance(zero.observed["raises"], Raised) and "ZeroDivisionError" in zero.observed["raises"].message
@@ -26,7 +19,8 @@ def test_a_crashing_rank_and_a_raising_step_are_reported_with_what_came_before()
 
 
 def test_a_hanging_rank_is_killed_at_the_budget_and_keeps_its_observations():
-    outcomes = run_ranks(BACKEND, "orccl", "hang_one", module="kit_dist_scenarios", budget=30, env=ENV)
+    outcomes = run_ranks(OPENREG_RANKS, "orccl", "hang_one", module="kit_dist_scenarios", budget=20,
+                         env=SCENARIO_ENV)
     zero, one = outcomes
     assert zero.ok
     # Killed either way: still running, or (on a very busy machine) not started.

@@ -4,22 +4,15 @@ one), and their argument checks."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from types import SimpleNamespace
-
 import torch
 
+from kit_support import OPENREG_RANKS, SCENARIO_ENV
 from privateuse1_conformance.conformance._distributed import Raised, run_ranks
-
-HERE = Path(__file__).resolve().parent
-BACKEND = SimpleNamespace(module_name="openreg", device_type="openreg",
-                          manifest=SimpleNamespace(instrumentation=None))
-ENV = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_coalesced_calls_run_every_tensor_and_refuse_bad_pairs_before_queuing():
-    outcomes = run_ranks(BACKEND, "orccl", "coalesced", module="openreg_pg_scenarios", budget=120, env=ENV)
+    outcomes = run_ranks(OPENREG_RANKS, "orccl", "coalesced", module="openreg_pg_scenarios", budget=120,
+                         env=SCENARIO_ENV)
     a = [torch.full((2, 3), float(r + 1)) for r in range(2)]
     b = [torch.arange(4.0) * (r + 1) for r in range(2)]
     x_sum = sum(torch.arange(8.0).reshape(4, 2) * (r + 1) for r in range(2))
