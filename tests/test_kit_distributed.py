@@ -19,7 +19,7 @@ def test_a_crashing_rank_and_a_raising_step_are_reported_with_what_came_before()
 
 
 def test_a_hanging_rank_is_killed_at_the_budget_and_keeps_its_observations():
-    outcomes = run_ranks(OPENREG_RANKS, "orccl", "hang_one", module="kit_dist_scenarios", budget=20,
+    outcomes = run_ranks(OPENREG_RANKS, "orccl", "hang_one", module="kit_dist_scenarios", budget=30,
                          env=SCENARIO_ENV)
     zero, one = outcomes
     assert zero.ok
