@@ -21,6 +21,7 @@
 #include "Allocator.h"
 #include "DeviceKernel.h"
 #include "DeviceManagement.h"
+#include "Exception.h"
 #include "Stream.h"
 
 #include <ATen/ATen.h>
@@ -513,8 +514,15 @@ struct Flat {
       flat = read ? alias.contiguous().view({-1}) : at::empty({alias.numel()}, alias.options());
     }
   }
+  // Called once every element holds its result. A tensor whose elements
+  // fill one byte range (dense, in any order) tells the runtime it wrote
+  // all of it: in process mode that range goes back to the device in one
+  // piece (orKernelMarkWritten).
   void finish() {
     if (!alias.is_contiguous()) alias.copy_(flat.view(alias.sizes()));
+    if (alias.nbytes() > 0 && alias.is_non_overlapping_and_dense()) {
+      OPENREG_CHECK(orKernelMarkWritten(alias.data_ptr(), alias.nbytes()));
+    }
   }
   at::Tensor alias;
   at::Tensor flat;

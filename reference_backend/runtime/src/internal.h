@@ -78,6 +78,13 @@ class Arena {
   void* kernel_alias(const void* ptr) const {
     return kernel_base_ + (static_cast<const char*>(ptr) - device_base_);
   }
+  // The device pointer whose kernel-view alias is `alias`, or nullptr when
+  // `alias` is outside this arena's kernel view (thread mode).
+  const void* device_of_kernel_alias(const void* alias) const {
+    const char* a = static_cast<const char*>(alias);
+    if (!kernel_base_ || a < kernel_base_ || a >= kernel_base_ + capacity_) return nullptr;
+    return device_base_ + (a - kernel_base_);
+  }
   size_t capacity() const { return capacity_; }
   size_t used() const;
 
@@ -264,6 +271,8 @@ orError_t run_staged_host_kernel(Device* d, orKernelFn fn, void* arg);
 // orKernelMapPointer in process mode, inside run_staged_host_kernel.
 orError_t staged_map_pointer(const char* call, Device* d, const void* device_ptr, size_t count,
                              void** accessible);
+// orKernelMarkWritten in process mode, inside run_staged_host_kernel.
+orError_t staged_mark_written(const char* call, Device* d, void* accessible, size_t count);
 
 // Fails with orErrorDeviceLost, naming `call`, the device and the cause.
 orError_t fail_lost(const char* call, int device);

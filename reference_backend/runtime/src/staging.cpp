@@ -13,7 +13,11 @@
 // returns, the bytes that differ from the snapshot are written back
 // (process_vm_writev), run by run: bytes the kernel did not change are not
 // written, so kernels on other streams may write other bytes of the same
-// allocation meanwhile, as they could in thread mode.
+// allocation meanwhile, as they could in thread mode. A range the kernel
+// marked written (orKernelMarkWritten: it wrote every byte) is written back
+// whole instead, as one run: comparing tells only which bytes changed, and
+// an output whose elements keep some of their bytes (a float32 sum) would
+// be millions of runs.
 #include "internal.h"
 
 #include <sys/mman.h>
@@ -24,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace openreg::runtime {
@@ -42,6 +47,8 @@ struct StagedAllocation {
   char* data = nullptr;      // what the kernel sees and writes
   char* snapshot = nullptr;  // what the device held when a page was staged
   std::vector<bool> staged;  // per page of the allocation
+  // Byte ranges [first, second) the kernel marked written (staged pages).
+  std::vector<std::pair<size_t, size_t>> written;
 
   StagedAllocation() = default;
   StagedAllocation(const StagedAllocation&) = delete;
@@ -62,7 +69,11 @@ thread_local Staging* tls_staging = nullptr;
 char* reserve(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  if (p == MAP_FAILED) return nullptr;
+  // Large stagings fault in 2 MiB pages where the kernel allows it: a
+  // fresh 64 MiB buffer is otherwise 16,384 page faults per kernel.
+  if (bytes >= (size_t{2} << 20)) madvise(p, bytes, MADV_HUGEPAGE);
+  return static_cast<char*>(p);
 }
 
 // Calls fn(lo, hi) for each run of pages in [first, end) of `a` whose
@@ -115,12 +126,41 @@ void changed_runs(const StagedAllocation& a, size_t lo, size_t hi, std::vector<i
   }
 }
 
+// The ranges `a` marked written, sorted, with overlapping and adjacent
+// ones merged.
+std::vector<std::pair<size_t, size_t>> merged_written(const StagedAllocation& a) {
+  std::vector<std::pair<size_t, size_t>> ranges = a.written;
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<size_t, size_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
 orError_t write_back(const char* call, const Staging& staging) {
   std::vector<iovec> local, remote;
   for (const auto& entry : staging.allocations) {
     const StagedAllocation& a = *entry.second;
+    const auto written = merged_written(a);
     for_each_page_run(a, 0, a.staged.size(), true, [&](size_t lo, size_t hi) {
-      changed_runs(a, lo, hi, &local, &remote);
+      // Within staged pages: marked ranges whole, the rest where it changed.
+      size_t at = lo;
+      for (const auto& [first, end] : written) {
+        if (end <= at) continue;
+        if (first >= hi) break;
+        const size_t from = std::max(first, at);
+        const size_t to = std::min(end, hi);
+        changed_runs(a, at, from, &local, &remote);
+        local.push_back({a.data + from, to - from});
+        remote.push_back({a.device + from, to - from});
+        at = to;
+      }
+      changed_runs(a, at, hi, &local, &remote);
       return orSuccess;
     });
   }
@@ -195,6 +235,28 @@ orError_t staged_map_pointer(const char* call, Device* d, const void* device_ptr
   if (orError_t e = stage_pages(call, d, a, first, end)) return e;
   *accessible = a.data + offset;
   return orSuccess;
+}
+
+orError_t staged_mark_written(const char* call, Device* d, void* accessible, size_t count) {
+  Staging* staging = tls_staging;
+  if (!staging || staging->device != d) {
+    return fail(orErrorNotPermitted, "%s: in process mode only host-function kernels "
+                "(orLaunchKernel, orLaunchKernelSync) write staged device memory", call);
+  }
+  if (count == 0) return orSuccess;
+  const char* p = static_cast<const char*>(accessible);
+  for (auto& entry : staging->allocations) {
+    StagedAllocation& a = *entry.second;
+    if (p < a.data || p >= a.data + a.size || count > static_cast<size_t>(a.data + a.size - p)) continue;
+    const size_t offset = static_cast<size_t>(p - a.data);
+    // Staged, so that write-back covers it (a kernel only reaches pages it mapped).
+    const size_t page = page_size();
+    if (orError_t e = stage_pages(call, d, a, offset / page, (offset + count + page - 1) / page)) return e;
+    a.written.emplace_back(offset, offset + count);
+    return orSuccess;
+  }
+  return fail(orErrorInvalidPointer, "%s: [%p, +%zu bytes) is not inside one allocation of device %d "
+              "mapped by this kernel (orKernelMapPointer)", call, accessible, count, d->index);
 }
 
 }  // namespace openreg::runtime

@@ -599,6 +599,27 @@ orError_t orKernelMapPointer(const void* device_ptr, size_t count,
   return orSuccess;
 }
 
+orError_t orKernelMarkWritten(void* accessible, size_t count) {
+  const char* call = "orKernelMarkWritten";
+  if (tls_kernel_device < 0) {
+    return fail(orErrorNotPermitted, "%s: only kernels running on an OpenReg "
+                "stream write device memory", call);
+  }
+  if (!accessible && count > 0) return fail(orErrorInvalidValue, "%s: accessible is null", call);
+  Device* d = device_if_initialized(tls_kernel_device);
+  if (!d) return fail(orErrorInvalidDevice, "%s: the kernel's device %d is not initialized", call, tls_kernel_device);
+  if (config().process_mode) return staged_mark_written(call, d, accessible, count);
+  // Thread mode: the kernel wrote the device's memory itself; only the range is checked.
+  const void* device_ptr = d->arena.device_of_kernel_alias(accessible);
+  void* base;
+  size_t size;
+  if (!device_ptr || !d->arena.find(device_ptr, count, &base, &size)) {
+    return fail(orErrorInvalidPointer, "%s: [%p, +%zu bytes) is not inside one allocation of device %d "
+                "mapped by this kernel (orKernelMapPointer)", call, accessible, count, d->index);
+  }
+  return orSuccess;
+}
+
 int orKernelCurrentDevice(void) { return tls_kernel_device; }
 
 void orKernelSetError(const char* message) {

@@ -351,6 +351,52 @@ TEST_F(FreshProcessDeathTest, ProcessModeRunsDevicesInExecutors) {
   for (size_t i = 0; i < 4096; ++i) both = both && mixed[i] == (i % 2 ? 0x22 : 0x11);
   report.Expect(both, "both kernels' bytes reached the device");
 
+  // A range a kernel marks written goes back whole, the bytes it left as
+  // they were included: a write of another stream to that range meanwhile
+  // is overwritten, one outside it is kept. Marking is checked: host
+  // memory, or a range past the allocation, is refused.
+  step.store(0);
+  std::atomic<int> unmapped{-1}, past_mapping{-1};
+  report.ExpectOk(orMemsetAsync(data, 0x44, 4096, s1), "fill the range");
+  report.ExpectOk(orStreamSynchronize(s1), "sync s1");
+  report.ExpectOk(LaunchFn(s1, [&]() -> orError_t {
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(data, 4096, &p)) return e;
+                    auto* bytes = static_cast<unsigned char*>(p);
+                    step.store(1, std::memory_order_release);
+                    spin_until(2);  // the other stream has written bytes 100 and 3000
+                    for (size_t i = 0; i < 2048; ++i) {
+                      if (i != 100) bytes[i] = 0x55;  // byte 100 keeps the staged 0x44
+                    }
+                    if (orError_t e = orKernelMarkWritten(bytes, 2048)) return e;
+                    unsigned char host_byte = 0;
+                    unmapped = orKernelMarkWritten(&host_byte, 1);
+                    past_mapping = orKernelMarkWritten(bytes + 4000, kBytes);
+                    return orSuccess;
+                  }),
+                  "kernel marking [0, 2048) written");
+  report.ExpectOk(LaunchFn(s2, [&]() -> orError_t {
+                    spin_until(1);
+                    void* p = nullptr;
+                    if (orError_t e = orKernelMapPointer(data, 4096, &p)) return e;
+                    static_cast<unsigned char*>(p)[100] = 0x66;
+                    static_cast<unsigned char*>(p)[3000] = 0x66;
+                    return orSuccess;
+                  }),
+                  "another stream writing bytes 100 and 3000");
+  report.ExpectOk(orStreamSynchronize(s2), "sync s2");
+  step.store(2, std::memory_order_release);
+  report.ExpectOk(orStreamSynchronize(s1), "sync s1");
+  const std::vector<unsigned char> marked = ReadDevice(data, 4096);
+  report.Expect(marked[100] == 0x44, "a marked range is written back whole, unchanged bytes included");
+  report.Expect(marked[0] == 0x55 && marked[2047] == 0x55, "the marked range holds the kernel's bytes");
+  report.Expect(marked[3000] == 0x66 && marked[2048] == 0x44,
+                "outside the marked range, only the bytes the kernel changed are written back");
+  report.Expect(unmapped.load() == orErrorInvalidPointer, "marking host memory is refused");
+  report.Expect(past_mapping.load() == orErrorInvalidPointer, "marking past the allocation is refused");
+  report.ExpectFails(orKernelMarkWritten(data, 1), orErrorNotPermitted, {"orKernelMarkWritten", "only kernels"},
+                     "marking outside kernels");
+
   // orLaunchKernelSync: done (and written back) when it returns. A failed
   // host kernel fails its stream with its message; what it wrote before
   // failing reaches the device, as in thread mode.

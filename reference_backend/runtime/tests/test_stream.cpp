@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <stdexcept>
@@ -500,6 +501,33 @@ TEST_F(KernelMapPointerTest, RejectsBadPointersAndRangesInsideKernels) {
                          {"orKernelMapPointer", "+101 bytes", "device 0"}));
   EXPECT_TRUE(FailedWith(crossing, orErrorInvalidPointer,
                          {"orKernelMapPointer", "+8 bytes"}));
+  EXPECT_OK(orFree(device_ptr));
+}
+
+TEST_F(KernelMapPointerTest, MarkWrittenChecksItsRangeAndKeepsTheKernelsWrites) {
+  void* device_ptr = nullptr;
+  ASSERT_OK(orMalloc(&device_ptr, 100));
+  int host_value = 0;
+  CallOutcome whole{}, empty{}, past_end{}, host{}, null_range{};
+  ASSERT_OK(LaunchFn(nullptr, [&] {
+    void* alias = nullptr;
+    if (orError_t e = orKernelMapPointer(device_ptr, 100, &alias)) return e;
+    std::memset(alias, 0x3c, 100);
+    whole = CaptureCall([&] { return orKernelMarkWritten(alias, 100); });
+    empty = CaptureCall([&] { return orKernelMarkWritten(alias, 0); });
+    past_end = CaptureCall([&] { return orKernelMarkWritten(static_cast<char*>(alias) + 50, 51); });
+    host = CaptureCall([&] { return orKernelMarkWritten(&host_value, 4); });
+    null_range = CaptureCall([&] { return orKernelMarkWritten(nullptr, 4); });
+    return orSuccess;
+  }));
+  ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_EQ(whole.code, orSuccess) << whole.message;
+  EXPECT_EQ(empty.code, orSuccess) << empty.message;
+  EXPECT_TRUE(FailedWith(past_end, orErrorInvalidPointer, {"orKernelMarkWritten", "+51 bytes", "device 0"}));
+  EXPECT_TRUE(FailedWith(host, orErrorInvalidPointer, {"orKernelMarkWritten", "mapped by this kernel"}));
+  EXPECT_TRUE(FailedWith(null_range, orErrorInvalidValue, {"orKernelMarkWritten", "accessible"}));
+  EXPECT_EQ(ReadDevice(device_ptr, 100), std::vector<unsigned char>(100, 0x3c));
+  EXPECT_FAILS(orKernelMarkWritten(&host_value, 4), orErrorNotPermitted, "orKernelMarkWritten", "only kernels");
   EXPECT_OK(orFree(device_ptr));
 }
 

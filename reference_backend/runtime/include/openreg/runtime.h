@@ -205,6 +205,20 @@ OR_API orError_t orLaunchKernelOwned(orStream_t stream, orKernelFn fn, void* arg
 // owns the memory, and the range lies inside one allocation.
 OR_API orError_t orKernelMapPointer(const void* device_ptr, size_t count,
                                     void** accessible);
+// Inside a kernel: declares that the kernel writes every byte of the
+// `count` bytes at `accessible` (an address orKernelMapPointer gave it, or
+// inside one such mapping), whatever it reads first: a collective's output,
+// a fill. In thread mode the kernel's writes already are the device's and
+// nothing happens. In process mode the range is then written back whole
+// when the kernel returns, in one run, where otherwise only the bytes that
+// differ from the device's are (the staging's only way to tell what the
+// kernel wrote; a float32 sum that keeps some bytes of most elements is
+// millions of runs), so writes of other streams to that range meanwhile are
+// overwritten, as they would be by the kernel itself. Fails outside a kernel
+// (orErrorNotPermitted) and for a range that is not inside one allocation
+// of the kernel's device at addresses a map of this kernel gave
+// (orErrorInvalidPointer).
+OR_API orError_t orKernelMarkWritten(void* accessible, size_t count);
 // Inside a kernel: the device the kernel runs on (-1 outside kernels).
 OR_API int orKernelCurrentDevice(void);
 OR_API void orKernelSetError(const char* message);
@@ -252,7 +266,8 @@ OR_API orError_t orLaunchModuleKernel(orStream_t stream, orFunction_t function,
 //     staged copies: orKernelMapPointer returns a host copy of the pages it
 //     covers (one copy per allocation and kernel, read from the executor on
 //     first use), and when the kernel returns, the bytes it changed, and
-//     only those, are written back. An executor that dies loses its device
+//     only those, are written back (and the ranges it marked written with
+//     orKernelMarkWritten, whole). An executor that dies loses its device
 //     (see device loss) with the cause.
 // `process` is 1 in process mode, else 0.
 OR_API orError_t orGetExecutionMode(int* process);
