@@ -834,6 +834,30 @@ def train(model, optimizer, batches) -> None:
         optimizer.step()
 
 
+def rank_batches(r) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of each of the DDP_STEPS batches (its rows of
+    ddp_batch), on its device."""
+    share = 8 // r.world
+    rows = slice(r.rank * share, (r.rank + 1) * share)
+    return [(x[rows].to(r.device), y[rows].to(r.device)) for x, y in map(ddp_batch, range(DDP_STEPS))]
+
+
+def matches_one_process(clause: str, outcomes: list[Outcome], step: str, what: str) -> None:
+    """Every rank's parameters after `step` (`what` trained DDP_STEPS SGD
+    steps on its share of each batch) equal single-process training on the
+    whole batches on the CPU."""
+    model = ddp_model()
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), list(map(ddp_batch, range(DDP_STEPS))))
+    expected = [p.detach() for p in model.parameters()]
+    for rank in range(WORLD):
+        got = seen(outcomes, rank, step, clause, f"{what} training")
+        for k, (g, e) in enumerate(zip(got, expected)):
+            check(clause, torch.allclose(g, e, rtol=1e-4, atol=1e-5),
+                  lambda: f"after {DDP_STEPS} SGD steps of {what} on rank {rank}, parameter {k} differs from "
+                          f"single-process training on whole batches on the CPU by "
+                          f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")
+
+
 def rank_ddp(r):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -842,14 +866,7 @@ def rank_ddp(r):
 
     def run():
         model = DistributedDataParallel(ddp_model().to(r.device), bucket_cap_mb=0.0001)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        half = 8 // r.world
-        batches = []
-        for step in range(DDP_STEPS):
-            x, y = ddp_batch(step)
-            part = slice(r.rank * half, (r.rank + 1) * half)
-            batches.append((x[part].to(r.device), y[part].to(r.device)))
-        train(model, optimizer, batches)
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank_batches(r))
         return [p.detach().cpu() for p in model.module.parameters()]
 
     r.step("parameters", run)
@@ -860,16 +877,7 @@ def rank_ddp(r):
 @contract("DD-DDP-001")
 def test_data_parallel_training_matches_one_process(session, backend, process_group):
     outcomes = ranks(session, backend, process_group, "rank_ddp", "DD-DDP-001.1")
-    model = ddp_model()
-    train(model, torch.optim.SGD(model.parameters(), lr=0.1), [ddp_batch(step) for step in range(DDP_STEPS)])
-    expected = [p.detach() for p in model.parameters()]
-    for rank in range(WORLD):
-        got = seen(outcomes, rank, "parameters", "DD-DDP-001.1", "DistributedDataParallel training")
-        for k, (g, e) in enumerate(zip(got, expected)):
-            check("DD-DDP-001.1", torch.allclose(g, e, rtol=1e-4, atol=1e-5),
-                  lambda: f"after {DDP_STEPS} SGD steps of DistributedDataParallel on rank {rank}, parameter {k} "
-                          f"differs from single-process training on whole batches on the CPU by "
-                          f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")
+    matches_one_process("DD-DDP-001.1", outcomes, "parameters", "DistributedDataParallel")
 
 
 # ------------------------------------------------- DTensor and FSDP2
@@ -910,14 +918,7 @@ def rank_sharded(r):
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        half = 8 // r.world
-        batches = []
-        for step in range(DDP_STEPS):
-            x, y = ddp_batch(step)
-            part = slice(r.rank * half, (r.rank + 1) * half)
-            batches.append((x[part].to(r.device), y[part].to(r.device)))
-        train(model, optimizer, batches)
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank_batches(r))
         return [p.full_tensor().detach().cpu() for p in model.parameters()]
 
     r.step("fully_shard", train_sharded)
@@ -941,13 +942,4 @@ def test_dtensor_and_fsdp2_work_on_the_device(session, backend, dt, process_grou
                     else f"DTensor.redistribute {name.replace('->', ' to ')}")
             got = seen(outcomes, rank, name, "DD-SHARD-001.1", what)
             agrees("DD-SHARD-001.1", got, expected, f"the local tensor of {what} on rank {rank}")
-    model = ddp_model()
-    train(model, torch.optim.SGD(model.parameters(), lr=0.1), [ddp_batch(step) for step in range(DDP_STEPS)])
-    expected = [p.detach() for p in model.parameters()]
-    for rank in range(WORLD):
-        got = seen(outcomes, rank, "fully_shard", "DD-SHARD-001.2", "FSDP2 (fully_shard) training")
-        for k, (g, e) in enumerate(zip(got, expected)):
-            check("DD-SHARD-001.2", torch.allclose(g, e, rtol=1e-4, atol=1e-5),
-                  lambda: f"after {DDP_STEPS} SGD steps of FSDP2 (fully_shard) on rank {rank}, parameter {k} differs "
-                          f"from single-process training on whole batches on the CPU by "
-                          f"{(g - e).abs().max().item():.3g} (max):\n{g}\nexpected\n{e}")
+    matches_one_process("DD-SHARD-001.2", outcomes, "fully_shard", "FSDP2 (fully_shard)")
