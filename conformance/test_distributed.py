@@ -511,31 +511,31 @@ def test_messages_reach_the_named_peer(session, backend, process_group):
 HELD_SECONDS = 0.3
 
 
-def rank_stream_order(r):
+def produced_then_reduced(r, device, key: str):
+    """Observation `key`: all_reduce(async_op=True) of a tensor on `device`
+    whose producer, a device-to-device copy of rank + 1 (queued without
+    waiting for its stream wherever copies are asynchronous), is held behind
+    the instrumentation's gate on that device's current stream, or without a
+    gate comes after a long chain of such copies. Records the sum and whether
+    the producer was still queued when the collective was called (always,
+    behind the gate): only then does a right sum show that the collective
+    waited for it. `device` need not be the current device."""
     import torch.distributed as dist
 
-    device, rank = r.device, r.rank
-    r.init(timeout=PG_TIMEOUT)
-    # 1. The input's producer, a device-to-device copy (queued without waiting
-    # for its stream wherever copies are asynchronous), is held behind a
-    # gate on the current stream, or without a gate comes after a long chain
-    # of such copies.
     block = r.instrument("block_stream")
     t = torch.zeros(SHAPE, device=device)
-    source = torch.full(SHAPE, float(rank + 1), device=device)
-    torch.accelerator.synchronize()
+    source = torch.full(SHAPE, float(r.rank + 1), device=device)
+    torch.accelerator.synchronize(device)
+    stream = torch.accelerator.current_stream(device)
 
     def reduced():
         work = dist.all_reduce(t, async_op=True)
-        # Whether the producer was still queued when the collective was
-        # called (always, behind the gate): only then does a right sum
-        # show that the collective waited for it.
-        in_flight = not torch.accelerator.current_stream().query()
+        in_flight = not stream.query()
         work.wait()
         return t.cpu(), in_flight
 
     def held():
-        release = block(torch.accelerator.current_stream())
+        release = block(stream)
         # Released from another thread: a backend whose copies or collectives
         # wait on the host for their stream must not wait for this thread.
         timer = threading.Timer(HELD_SECONDS, release)
@@ -549,37 +549,58 @@ def rank_stream_order(r):
     def long_producer():
         a = torch.zeros(1 << 20, device=device)
         b = torch.ones(1 << 20, device=device)
-        torch.accelerator.synchronize()
+        torch.accelerator.synchronize(device)
         for _ in range(40):
             a.copy_(b)
             b.copy_(a)
         t.copy_(source)
         return reduced()
 
-    r.record("held/gate", block is not None)
-    r.step("held", held if block is not None else long_producer)
+    r.record(f"{key}/gate", block is not None)
+    r.step(key, held if block is not None else long_producer)
+
+
+def read_after(r, x, key: str, variant: str) -> None:
+    """Observation `key`: all_reduce of `x`, then on rank 0 a clone queued on
+    the current stream of x's device right after Work.wait() (variant
+    "wait") or the synchronous call ("sync"). The last rank joins only once
+    rank 0 has queued its clone (or after a while, for backends whose calls
+    block the host until every rank has joined): a clone not ordered after
+    the collective runs before the data can be there."""
+    import torch.distributed as dist
+
+    mark = "queued." + key.replace("/", ".")
+    if r.rank == 0:
+        def reader():
+            if variant == "wait":
+                dist.all_reduce(x, async_op=True).wait()
+            else:
+                dist.all_reduce(x)
+            y = x.clone()
+            r.mark(mark)
+            return y.cpu()
+        r.step(key, reader)
+    else:
+        deadline = time.monotonic() + 3.0
+        while not r.marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r.step(key, lambda: (dist.all_reduce(x), x.cpu())[1])
+
+
+def rank_stream_order(r):
+    import torch.distributed as dist
+
+    device, rank = r.device, r.rank
+    r.init(timeout=PG_TIMEOUT)
+    # 1. The input's producer is held on the current stream.
+    produced_then_reduced(r, device, "held")
     # 2. Work queued on the current stream after wait() (or after a
     # synchronous call) sees the result. The last rank joins only once rank 0
     # has queued its reader (or after a while, for backends whose calls block
     # the host until every rank has joined): a reader not ordered after the
     # collective runs before the data can be there.
     for variant in ("wait", "sync"):
-        x = data(rank, f"order/{variant}", SHAPE).to(device)
-        if rank == 0:
-            def reader(x=x, variant=variant):
-                if variant == "wait":
-                    dist.all_reduce(x, async_op=True).wait()
-                else:
-                    dist.all_reduce(x)
-                y = x.clone()
-                r.mark(f"queued.{variant}")
-                return y.cpu()
-            r.step(f"order/{variant}", reader)
-        else:
-            deadline = time.monotonic() + 3.0
-            while not r.marked(f"queued.{variant}") and time.monotonic() < deadline:
-                time.sleep(0.01)
-            r.step(f"order/{variant}", lambda x=x: (dist.all_reduce(x), x.cpu())[1])
+        read_after(r, data(rank, f"order/{variant}", SHAPE).to(device), f"order/{variant}", variant)
     # 3. Memory an in-flight collective reads is not reused: rank 0 drops
     # its input as soon as all_gather_into_tensor(async_op=True) returns,
     # fills the next allocation of the input's size, and the last rank joins
@@ -657,6 +678,103 @@ def test_collectives_are_ordered_with_the_callers_stream(session, backend, proce
         agrees("DD-STREAM-001.3", doubled, expected * 2, f"a callback chained with then() on rank {rank}")
         check("DD-STREAM-001.3", completed is True,
               f"Work.is_completed() is {completed!r} on rank {rank} after wait() and synchronizing the device")
+
+
+# ------------------------------------------------------------ other devices
+# A rank's tensors need not be on its current device: ProcessGroupNCCL runs
+# a collective on the tensors' device, orders it after that device's current
+# stream and makes that device's current stream wait in Work.wait(), under a
+# device guard that leaves the current device as it was.
+
+def rank_other_devices(r):
+    import torch.distributed as dist
+
+    rank, world = r.rank, r.world
+    n = torch.accelerator.device_count()
+    r.init(timeout=PG_TIMEOUT)
+    r.record("devices", n)
+    # Round k puts rank r's tensors on device (r + k) % n, never its current
+    # device r % n: the ranks use distinct devices in each round, and over the
+    # rounds every rank uses every other device.
+    for k in range(1, n):
+        device = torch.device(r.dt, (rank + k) % n)
+        tag = f"other/{k}"
+        x = data(rank, f"{tag}/all_reduce", SHAPE).to(device)
+        r.step(f"{tag}/all_reduce", lambda x=x: (dist.all_reduce(x), x.cpu())[1])
+        b = data(rank, f"{tag}/broadcast", SHAPE).to(device)
+        r.step(f"{tag}/broadcast", lambda b=b, k=k: (dist.broadcast(b, src=k % world), b.cpu())[1])
+        g = data(rank, f"{tag}/all_gather", SHAPE).to(device)
+        out = torch.empty((world * SHAPE[0], SHAPE[1]), device=device)
+        r.step(f"{tag}/all_gather_into_tensor",
+               lambda g=g, out=out: (dist.all_gather_into_tensor(out, g), out.cpu())[1])
+        if rank == 0:
+            message = data(0, f"{tag}/send", (7,)).to(device)
+            r.step(f"{tag}/send", lambda message=message: dist.send(message, 1))
+        else:
+            into = torch.empty(7, device=device)
+            r.step(f"{tag}/recv", lambda into=into: (dist.recv(into, 0), into.cpu())[1])
+        r.record(f"{tag}/current", torch.accelerator.current_device_index())
+    if n > 1:
+        # Ordering on the first other device, as DD-STREAM-001 checks it on
+        # the current one.
+        device = torch.device(r.dt, (rank + 1) % n)
+        produced_then_reduced(r, device, "other/held")
+        read_after(r, data(rank, "other/wait", SHAPE).to(device), "other/wait", "wait")
+        r.record("other/current", torch.accelerator.current_device_index())
+    dist.destroy_process_group()
+
+
+# decides DD-DEV-001.1, DD-DEV-001.2, DD-DEV-001.3, DD-DEV-001.4
+@contract("DD-DEV-001")
+@pytest.mark.requires("multi-device")
+def test_collectives_run_on_the_tensors_device(session, backend, process_group, n, two_devices):
+    outcomes = ranks(session, backend, process_group, "rank_other_devices", "DD-DEV-001.1")
+    for rank in range(WORLD):
+        devices = seen(outcomes, rank, "devices", "DD-DEV-001.1", "torch.accelerator.device_count()")
+        check("DD-DEV-001.1", devices == n,
+              f"rank {rank} counts {devices} devices, the test's process {n}: the ranks must see every device")
+    for k in range(1, n):
+        tag = f"other/{k}"
+        where = {rank: f"on rank {rank}, tensors on {backend.device_type}:{(rank + k) % n}, current device " \
+                       f"{rank % n}" for rank in range(WORLD)}
+        total = reduce_cpu("SUM", [data(rank, f"{tag}/all_reduce", SHAPE) for rank in range(WORLD)])
+        blocks = torch.cat([data(rank, f"{tag}/all_gather", SHAPE) for rank in range(WORLD)])
+        for rank in range(WORLD):
+            agrees("DD-DEV-001.1", seen(outcomes, rank, f"{tag}/all_reduce", "DD-DEV-001.1", "all_reduce"), total,
+                   f"all_reduce (SUM) {where[rank]}")
+            agrees("DD-DEV-001.1", seen(outcomes, rank, f"{tag}/broadcast", "DD-DEV-001.1", "broadcast"),
+                   data(k % WORLD, f"{tag}/broadcast", SHAPE), f"broadcast from rank {k % WORLD} {where[rank]}")
+            agrees("DD-DEV-001.1", seen(outcomes, rank, f"{tag}/all_gather_into_tensor", "DD-DEV-001.1",
+                                        "all_gather_into_tensor"), blocks,
+                   f"all_gather_into_tensor {where[rank]}")
+        seen(outcomes, 0, f"{tag}/send", "DD-DEV-001.1", "send")
+        agrees("DD-DEV-001.1", seen(outcomes, 1, f"{tag}/recv", "DD-DEV-001.1", "recv"),
+               data(0, f"{tag}/send", (7,)), f"the message rank 1 received from rank 0 {where[1]} (sent {where[0]})")
+    expected = torch.full(SHAPE, float(sum(range(1, WORLD + 1))))
+    gated = outcomes[0].observed.get("other/held/gate", False)
+    for rank in range(WORLD):
+        device = f"{backend.device_type}:{(rank + 1) % n}"
+        got, in_flight = seen(outcomes, rank, "other/held", "DD-DEV-001.2",
+                              f"all_reduce of a tensor on {device} still being produced")
+        check("DD-DEV-001.2", torch.equal(got, expected),
+              lambda: f"all_reduce on rank {rank} of a tensor on {device} (current device {rank % n}) read its "
+                      f"input before the work queued on {device}'s current stream had produced it: got\n{got}\n"
+                      f"expected {expected[0, 0].item()} everywhere. A collective must wait for the current stream "
+                      "of its tensors' device, not the current device's",
+              observed=bool(gated) or in_flight)
+    got = seen(outcomes, 0, "other/wait", "DD-DEV-001.3", "all_reduce(async_op=True).wait()")
+    agrees("DD-DEV-001.3", got, reduce_cpu("SUM", [data(rank, "other/wait", SHAPE) for rank in range(WORLD)]),
+           f"a clone queued on the current stream of {backend.device_type}:1 right after "
+           f"all_reduce(async_op=True).wait() of a tensor there on rank 0 (current device 0; rank {WORLD - 1} "
+           "joined the collective only after rank 0 had queued it): Work.wait() must make the current stream of "
+           "the tensors' device wait, not the current device's")
+    for rank in range(WORLD):
+        for name in [f"other/{k}/current" for k in range(1, n)] + ["other/current"]:
+            current = seen(outcomes, rank, name, "DD-DEV-001.4", "torch.accelerator.current_device_index()")
+            check("DD-DEV-001.4", current == rank % n,
+                  f"rank {rank}'s current device is {current} after collectives on another device "
+                  f"({'round ' + name.split('/')[1] if name != 'other/current' else 'the ordering checks'}), "
+                  f"not its own {rank % n}: a collective must restore the current device (a device guard)")
 
 
 # ------------------------------------------------------------------ errors
