@@ -26,7 +26,12 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+# Sources a build compiles: their mutants exist only in the library built
+# after the registry last changed (mutation/Weave.cmake weaves at build time).
+COMPILED = (".cpp", ".cc", ".h", ".hpp")
 
 
 def repository_root() -> Path:
@@ -56,6 +61,58 @@ def tree_record(root: Path, result: dict | None = None) -> dict:
             "checks": mutants_mod.check_digests(root, checks)}
 
 
+def openreg_libraries(python: str) -> list[Path]:
+    """The native libraries of the OpenReg that `python` imports (its
+    package folders' shared objects), found without importing it."""
+    code = ("import importlib.util as u; s = u.find_spec('openreg'); "
+            "print('\\n'.join(s.submodule_search_locations or []) if s else '')")
+    try:
+        found = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    folders = [Path(line) for line in found.stdout.splitlines() if line.strip()]
+    return sorted({library for folder in folders for library in folder.rglob("*.so")})
+
+
+def unwoven(registry_path: Path, ids: list[str], libraries: list[Path]) -> list[str]:
+    """The mutants among `ids` with a site in compiled code whose id none of
+    `libraries` holds: OpenReg was built before they were added to the
+    registry (or renamed), and every check would pass against them, so a
+    run would report them as survivors after the whole suite's time each.
+    A woven site compiles `openreg_mutant_is("<id>")`, so the id is a string
+    of the library; mutants woven only into Python are woven at import."""
+    entries = tomllib.loads(Path(registry_path).read_text()).get("mutant", [])
+    compiled = [e["id"] for e in entries if e.get("id") in ids
+                and any(str(site.get("file", "")).endswith(COMPILED) for site in e.get("site", []))]
+    if not compiled:
+        return []
+    contents = [library.read_bytes() for library in libraries]
+    return [m for m in compiled if not any(m.encode() + b"\0" in content for content in contents)]
+
+
+def refuse_unbuilt(registry, ids: list[str], newer_python: str | None) -> str:
+    """Why the run must not start (the mutants OpenReg's build lacks), or ""."""
+    from privateuse1_conformance.harness import mutants as mutants_mod
+
+    here = mutants_mod.running_torch()
+    newer = [m for m in ids if mutants_mod.too_new(registry.mutants[m], here)]
+    interpreters = [(sys.executable, [m for m in ids if m not in newer])]
+    if newer and newer_python:
+        interpreters.append((newer_python, newer))
+    problems = []
+    for python, selected in interpreters:
+        if not selected:
+            continue
+        libraries = openreg_libraries(python)
+        missing = unwoven(registry.path, selected, libraries)
+        if missing:
+            where = ", ".join(str(library) for library in libraries) or "no OpenReg library"
+            problems.append(f"the OpenReg that {python} imports ({where}) was built without mutant(s) "
+                            f"{', '.join(missing)} of {registry.path}: run `make build` (and `make build "
+                            "TORCH=<release>` for --newer-python) after changing the mutant registry")
+    return "\n".join(problems)
+
+
 def _run(args: argparse.Namespace) -> int:
     from privateuse1_conformance.harness import mutants as mutants_mod
     from privateuse1_conformance.harness import registry as registry_mod
@@ -83,6 +140,10 @@ def _run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.only if m not in registry.mutants]
     if unknown:
         print(f"unknown mutant(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    refusal = refuse_unbuilt(registry, list(args.only or registry.mutants), args.newer_python)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     configurations = mutants_mod.CONFIGURATIONS if args.configuration == "all" else (args.configuration,)
     print(f"{len(args.only or registry.mutants)} mutant(s) of {registry.backend!r}, {args.jobs} job(s), "

@@ -19,6 +19,7 @@ mutant 20 times on a busy machine. Every ordering mutant 20 times (marker
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -112,6 +113,31 @@ def test_every_mutant_has_an_injection_site(registry):
 
 
 # ------------------------------------------------------------ selection
+
+
+@pytest.mark.woven
+def test_a_run_refuses_mutants_the_build_lacks(registry, tmp_path):
+    """mutation/run.py refuses, before any suite runs, a mutant with sites in
+    compiled code that the built library does not hold (the registry changed
+    after `make build`): every check would pass against it, and the run would
+    report a survivor after the whole suite's time."""
+    run = mutation_runner()
+    libraries = run.openreg_libraries(sys.executable)
+    assert libraries, "found no native library of the OpenReg this interpreter imports"
+    assert run.unwoven(registry.path, list(registry.mutants), libraries) == [], \
+        "mutants of the registry that `make build` did not weave into OpenReg"
+    added = tmp_path / "mutants.toml"
+    added.write_text('[[mutant]]\nid = "woven-nowhere"\n[[mutant.site]]\n'
+                     'file = "reference_backend/csrc/Guard.cpp"\nat = "x"\n'
+                     '[[mutant]]\nid = "python-only"\n[[mutant.site]]\n'
+                     'file = "reference_backend/python/openreg/__init__.py"\nat = "x"\n')
+    assert run.unwoven(added, ["woven-nowhere", "python-only"], libraries) == ["woven-nowhere"]
+    some = next(iter(registry.mutants))
+    unbuilt = dataclasses.replace(registry.mutants[some], id="woven-nowhere", min_torch="")
+    refusal = run.refuse_unbuilt(dataclasses.replace(registry, path=added, mutants={"woven-nowhere": unbuilt}),
+                                 ["woven-nowhere"], None)
+    assert "woven-nowhere" in refusal and "make build" in refusal, refusal
+    assert run.refuse_unbuilt(registry, [some], None) == ""
 
 
 def _import_openreg(mutant: str | None) -> subprocess.CompletedProcess:
