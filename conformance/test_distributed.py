@@ -762,12 +762,19 @@ def test_collectives_run_on_the_tensors_device(session, backend, process_group, 
                       f"expected {expected[0, 0].item()} everywhere. A collective must wait for the current stream "
                       "of its tensors' device, not the current device's",
               observed=bool(gated) or in_flight)
+    total = reduce_cpu("SUM", [data(rank, "other/wait", SHAPE) for rank in range(WORLD)])
     got = seen(outcomes, 0, "other/wait", "DD-DEV-001.3", "all_reduce(async_op=True).wait()")
-    agrees("DD-DEV-001.3", got, reduce_cpu("SUM", [data(rank, "other/wait", SHAPE) for rank in range(WORLD)]),
-           f"a clone queued on the current stream of {backend.device_type}:1 right after "
+    agrees("DD-DEV-001.3", got, total,
+           f"a clone queued on the current stream of {backend.device_type}:{1 % n} right after "
            f"all_reduce(async_op=True).wait() of a tensor there on rank 0 (current device 0; rank {WORLD - 1} "
            "joined the collective only after rank 0 had queued it): Work.wait() must make the current stream of "
            "the tensors' device wait, not the current device's")
+    for rank in range(1, WORLD):
+        got = seen(outcomes, rank, "other/wait", "DD-DEV-001.3", "all_reduce(async_op=False)")
+        agrees("DD-DEV-001.3", got, total,
+               f"the tensor on {backend.device_type}:{(rank + 1) % n} that a synchronous all_reduce on rank {rank} "
+               f"(current device {rank % n}) reduced, read back: a synchronous collective must make the current "
+               "stream of the tensors' device wait for its result, not the current device's")
     for rank in range(WORLD):
         for name in [f"other/{k}/current" for k in range(1, n)] + ["other/current"]:
             current = seen(outcomes, rank, name, "DD-DEV-001.4", "torch.accelerator.current_device_index()")
